@@ -1,0 +1,1 @@
+"""The ``snapstore`` command line (installed as the package ``snapstore.cli``)."""

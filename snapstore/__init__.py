@@ -1,0 +1,57 @@
+"""snapstore: materialize an expensive preprocessing stage once and read it back fast.
+
+>>> import snapstore                                                   # doctest: +SKIP
+>>> @snapstore.snapshot(root="/data/snaps")                            # doctest: +SKIP
+... def tokenized(paths, max_len=1024):
+...     for p in paths:
+...         yield {"tokens": ..., "label": 3}
+>>> snap = tokenized(paths, max_len=512).materialize()                # doctest: +SKIP
+>>> for batch in snap.batches(256, shuffle=True, epoch=0): ...       # doctest: +SKIP
+"""
+
+from .errors import (
+    AmbiguousFingerprintError,
+    CorruptBlockError,
+    FingerprintError,
+    FormatError,
+    SchemaError,
+    SnapshotNotFoundError,
+    SnapstoreError,
+    StageError,
+    StoreError,
+)
+from .fingerprint import Fingerprint
+from .format import FORMAT_VERSION
+from .reader import BatchReader
+from .schema import Field, Schema
+from .snapshot import Snapshot, Stage, open, snapshot
+from .store import FsspecStore, LocalStore, Store, default_root, open_store
+from .writer import WriteOptions
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "FORMAT_VERSION",
+    "AmbiguousFingerprintError",
+    "BatchReader",
+    "CorruptBlockError",
+    "Field",
+    "Fingerprint",
+    "FingerprintError",
+    "FormatError",
+    "FsspecStore",
+    "LocalStore",
+    "Schema",
+    "SchemaError",
+    "Snapshot",
+    "SnapshotNotFoundError",
+    "SnapstoreError",
+    "Stage",
+    "Store",
+    "StoreError",
+    "WriteOptions",
+    "default_root",
+    "open",
+    "open_store",
+    "snapshot",
+]

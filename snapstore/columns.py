@@ -1,0 +1,188 @@
+"""Conversion between samples and Arrow record batches, and numpy views of decoded blocks.
+
+``to_record_batch`` turns a list of validated samples into one record batch. ``BlockColumns``
+wraps a decoded batch: fixed-shape fields become one zero-copy numpy view of the whole block,
+shaped ``(rows, *shape)``; varying arrays keep their flat values and offsets, so taking a row is
+a slice, not a copy.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+
+from .schema import Field, Schema
+
+__all__ = ["BlockColumns", "gather", "to_record_batch"]
+
+
+def _array_column(field: Field, values: list[Any]) -> pa.Array:
+    dtype = field.np_dtype
+    storage = field.storage_dtype()
+    shape = field.storage_shape()
+    if field.fixed:
+        stacked = np.asarray(values, dtype=dtype) if values else np.empty((0, *shape), storage)
+        flat = np.ascontiguousarray(stacked).view(storage).reshape(-1)
+        if not shape:
+            return pa.array(flat)
+        if flat.size == 0 and math.prod(shape) == 0:  # Arrow's from_arrays refuses list_size 0
+            return pa.array([[]] * len(values), type=field.arrow_type())
+        return pa.FixedSizeListArray.from_arrays(pa.array(flat), math.prod(shape))  # type: ignore[arg-type]
+    arrays = [np.asarray(v, dtype=dtype) for v in values]
+    flats = [np.ascontiguousarray(a).view(storage).reshape(-1) for a in arrays]
+    lengths = np.fromiter((f.size for f in flats), dtype=np.int64, count=len(flats))
+    offsets = np.zeros(len(flats) + 1, dtype=np.int64)
+    np.cumsum(lengths, out=offsets[1:])
+    flat = np.concatenate(flats) if flats else np.empty(0, storage)
+    listed = pa.LargeListArray.from_arrays(pa.array(offsets), pa.array(flat))
+    if len(shape) == 1:
+        return listed
+    extra = (2,) if dtype.kind == "c" else ()  # complex is stored as (..., 2) real values
+    shapes = np.array([(*a.shape, *extra) for a in arrays], dtype=np.int64).reshape(-1, len(shape))
+    shape_col = pa.FixedSizeListArray.from_arrays(pa.array(shapes.reshape(-1)), len(shape))
+    return pa.StructArray.from_arrays([listed, shape_col], names=["values", "shape"])
+
+
+def to_record_batch(schema: Schema, samples: Sequence[dict[str, Any]]) -> pa.RecordBatch:
+    """Build one record batch from samples already checked against ``schema``."""
+    columns = []
+    for field in schema.fields:
+        values = [s[field.name] for s in samples]
+        if field.kind == "array":
+            columns.append(_array_column(field, values))
+        else:
+            columns.append(pa.array(values, type=field.arrow_type()))
+    return pa.RecordBatch.from_arrays(columns, schema=schema.arrow_schema())
+
+
+def _numpy(array: pa.Array) -> np.ndarray[Any, Any]:
+    if pa.types.is_boolean(array.type):
+        return array.to_numpy(zero_copy_only=False)  # Arrow packs bools as bits
+    return array.to_numpy(zero_copy_only=True)
+
+
+class _Ragged:
+    """Flat values plus offsets (and per-row shapes for rank > 1) of a varying-shape field."""
+
+    def __init__(self, field: Field, column: pa.Array) -> None:
+        self.dtype = field.np_dtype
+        if isinstance(column, pa.StructArray):
+            listed = column.field("values")
+            rank = len(field.storage_shape())
+            self.shapes: np.ndarray[Any, Any] | None = _numpy(column.field("shape").flatten()).reshape(
+                -1, rank
+            )
+        else:
+            listed = column
+            self.shapes = None
+        self.offsets = _numpy(listed.offsets)
+        self.values = _numpy(listed.values)
+        self.complex = self.dtype.kind == "c"
+
+    def row(self, i: int) -> np.ndarray[Any, Any]:
+        flat = self.values[self.offsets[i] : self.offsets[i + 1]]
+        if self.complex:
+            flat = flat.view(self.dtype)
+        if self.shapes is None:
+            return flat
+        shape = self.shapes[i][:-1] if self.complex else self.shapes[i]
+        return flat.reshape(tuple(shape))
+
+
+class BlockColumns:
+    """Numpy views of one decoded block, ready for taking rows.
+
+    Parameters
+    ----------
+    schema : Schema
+        The snapshot's schema.
+    batch : pyarrow.RecordBatch
+        The decoded block; its buffers stay referenced by the views.
+    """
+
+    def __init__(self, schema: Schema, batch: pa.RecordBatch) -> None:
+        self.schema = schema
+        self.rows = batch.num_rows
+        self.nbytes = batch.nbytes
+        self._columns: dict[str, Any] = {}
+        for field, column in zip(schema.fields, batch.columns):
+            self._columns[field.name] = self._view(field, column)
+
+    @staticmethod
+    def _view(field: Field, column: pa.Array) -> Any:
+        if field.kind in ("str", "bytes"):
+            return column
+        if field.kind != "array":
+            return _numpy(column)
+        if not field.fixed:
+            return _Ragged(field, column)
+        storage = field.storage_shape()
+        flat = _numpy(column.flatten()) if storage else _numpy(column)
+        view = flat.reshape((len(column), *storage))  # type: ignore[arg-type]
+        if field.np_dtype.kind == "c":
+            view = view.view(field.np_dtype).reshape((len(column), *(field.shape or ())))  # type: ignore[arg-type]
+        return view
+
+    def column(self, name: str) -> Any:
+        """The whole-block view of a field: an ndarray for fixed-shape and scalar numeric fields."""
+        return self._columns[name]
+
+    def sample(self, row: int) -> dict[str, Any]:
+        """One row as a sample dict (arrays are views into the block)."""
+        out: dict[str, Any] = {}
+        for field in self.schema.fields:
+            col = self._columns[field.name]
+            if isinstance(col, _Ragged):
+                out[field.name] = col.row(row)
+            elif isinstance(col, np.ndarray):
+                value = col[row]
+                out[field.name] = value.item() if field.kind != "array" else value
+            else:
+                out[field.name] = col[row].as_py()
+        return out
+
+
+def gather(schema: Schema, parts: Sequence[tuple[BlockColumns, np.ndarray[Any, Any], np.ndarray[Any, Any]]],
+           size: int) -> dict[str, Any]:
+    """Assemble a batch of ``size`` samples from rows of several blocks.
+
+    ``parts`` holds ``(block, rows, positions)``: rows of ``block`` go to ``positions`` of the batch.
+    Fixed-shape and scalar numeric fields come back stacked as one ndarray; varying-shape arrays as
+    a list of ndarrays (views into the blocks); str and bytes as lists.
+    """
+    out: dict[str, Any] = {}
+    for field in schema.fields:
+        first = parts[0][0].column(field.name) if parts else None
+        if isinstance(first, np.ndarray):
+            if len(parts) == 1 and np.array_equal(parts[0][2], np.arange(size)):
+                block, rows, _ = parts[0]
+                col = block.column(field.name)
+                out[field.name] = _take_rows(col, rows)
+                continue
+            result = np.empty((size, *first.shape[1:]), dtype=first.dtype)
+            for block, rows, positions in parts:
+                result[positions] = block.column(field.name)[rows]
+            out[field.name] = result
+        else:
+            items: list[Any] = [None] * size
+            for block, rows, positions in parts:
+                col = block.column(field.name)
+                if isinstance(col, _Ragged):
+                    values = [col.row(int(r)) for r in rows]
+                else:
+                    values = col.take(pa.array(rows)).to_pylist()
+                for pos, value in zip(positions.tolist(), values):
+                    items[pos] = value
+            out[field.name] = items
+    return out
+
+
+def _take_rows(col: np.ndarray[Any, Any], rows: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
+    """Rows of one block: a zero-copy slice when they are contiguous and ascending."""
+    if len(rows) and rows[-1] - rows[0] + 1 == len(rows) and np.all(np.diff(rows) == 1):
+        return col[rows[0] : rows[-1] + 1]
+    return col[rows]

@@ -1,0 +1,84 @@
+"""The snapstore exception tree.
+
+Every error raised on purpose by snapstore derives from :class:`SnapstoreError`; where the
+meaning overlaps a builtin, the class also derives from that builtin so existing ``except``
+clauses keep working::
+
+    SnapstoreError(Exception)
+    ├── SchemaError(SnapstoreError, TypeError)        a sample does not fit the schema
+    ├── FingerprintError(SnapstoreError, TypeError)   a value or function cannot be hashed
+    ├── SnapshotNotFoundError(SnapstoreError, FileNotFoundError)
+    ├── AmbiguousFingerprintError(SnapstoreError, KeyError)
+    ├── FormatError(SnapstoreError, ValueError)       a file is not what the format says
+    │   └── CorruptBlockError                         a block's checksum does not match
+    ├── StageError(SnapstoreError, RuntimeError)      the user's stage raised; nothing committed
+    └── StoreError(SnapstoreError, OSError)           the storage backend failed
+
+Messages say what was expected, what was found and what to do about it.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "AmbiguousFingerprintError",
+    "CorruptBlockError",
+    "FingerprintError",
+    "FormatError",
+    "SchemaError",
+    "SnapshotNotFoundError",
+    "SnapstoreError",
+    "StageError",
+    "StoreError",
+]
+
+
+class SnapstoreError(Exception):
+    """Base class of every error snapstore raises on purpose."""
+
+
+class SchemaError(SnapstoreError, TypeError):
+    """A sample does not fit the snapshot's schema, or holds an unsupported type."""
+
+
+class FingerprintError(SnapstoreError, TypeError):
+    """A value, argument or function cannot be hashed deterministically."""
+
+
+class SnapshotNotFoundError(SnapstoreError, FileNotFoundError):
+    """No committed snapshot matches the fingerprint under the given root."""
+
+
+class AmbiguousFingerprintError(SnapstoreError, KeyError):
+    """A fingerprint prefix matches more than one committed snapshot."""
+
+    def __str__(self) -> str:  # KeyError would repr() the message
+        return str(self.args[0]) if self.args else ""
+
+
+class FormatError(SnapstoreError, ValueError):
+    """A manifest, index or shard is malformed, foreign, or of an unsupported version."""
+
+
+class CorruptBlockError(FormatError):
+    """A block's bytes do not match the checksum recorded in the block index.
+
+    Attributes
+    ----------
+    shard : str
+        Path of the shard file, relative to the snapshot.
+    offset : int
+        Byte offset of the block inside the shard.
+    """
+
+    def __init__(self, message: str, *, shard: str, offset: int) -> None:
+        super().__init__(message)
+        self.shard = shard
+        self.offset = offset
+
+
+class StageError(SnapstoreError, RuntimeError):
+    """The user's stage raised while the snapshot was being written; nothing was committed."""
+
+
+class StoreError(SnapstoreError, OSError):
+    """The storage backend failed (permission, space, network, missing bucket)."""

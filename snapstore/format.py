@@ -1,0 +1,253 @@
+"""On-disk format v1: blocks, shards, the block index, the manifest and the commit record.
+
+The normative description is docs/format.md; this module is its reference implementation.
+Layout of a snapshot under a root::
+
+    <root>/<fingerprint>/COMMIT                    commit record, created only if absent
+    <root>/<fingerprint>/runs/<run>/manifest.json  written before the commit record
+    <root>/<fingerprint>/runs/<run>/index.bin      block index
+    <root>/<fingerprint>/runs/<run>/shard-00000.snap ...
+
+Readers start from ``COMMIT`` and never list directories.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import struct
+import zlib
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import zstandard
+
+from .errors import CorruptBlockError, FormatError
+
+__all__ = [
+    "CODEC_RAW",
+    "CODEC_ZSTD",
+    "FORMAT_VERSION",
+    "INDEX_DTYPE",
+    "CommitRecord",
+    "EncodedBlock",
+    "decode_block",
+    "encode_block",
+    "read_index",
+    "write_index",
+]
+
+FORMAT_VERSION = 1
+SHARD_MAGIC = b"SNAPSHD1"
+SHARD_FOOTER_MAGIC = b"SNAPSFT1"
+INDEX_MAGIC = b"SNAPIDX1"
+COMMIT_NAME = "COMMIT"
+MANIFEST_NAME = "manifest.json"
+INDEX_NAME = "index.bin"
+CODEC_RAW = 0
+CODEC_ZSTD = 1
+CODEC_NAMES = {CODEC_RAW: "raw", CODEC_ZSTD: "zstd"}
+
+# One row per block, little-endian, 48 bytes. Offsets are into the shard file.
+INDEX_DTYPE = np.dtype(
+    [
+        ("shard", "<u4"),
+        ("codec", "<u4"),
+        ("offset", "<u8"),
+        ("length", "<u8"),
+        ("raw_length", "<u8"),
+        ("rows", "<u8"),
+        ("checksum", "<u4"),
+        ("reserved", "<u4"),
+    ]
+)
+
+_SAFE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,200}$")
+
+
+def checksum(data: Any) -> int:
+    """CRC-32 (zlib polynomial) of the stored bytes of a block or file."""
+    return zlib.crc32(data) & 0xFFFFFFFF
+
+
+def check_name(name: Any, what: str) -> str:
+    """Validate a file name read from a manifest: one path component, no traversal."""
+    if not isinstance(name, str) or not _SAFE_NAME.match(name) or ".." in name:
+        raise FormatError(
+            f"{what} {name!r} is not a plain file name inside the snapshot; expected letters, "
+            "digits, '.', '_' or '-'. The manifest is corrupt or was not written by snapstore."
+        )
+    return name
+
+
+@dataclass(frozen=True)
+class EncodedBlock:
+    """A block ready to append to a shard."""
+
+    data: bytes
+    codec: int
+    raw_length: int
+    rows: int
+    checksum: int
+
+
+def encode_block(batch: pa.RecordBatch, *, level: int, min_ratio: float) -> EncodedBlock:
+    """Serialize a record batch as an Arrow IPC message and compress it if that pays.
+
+    The block is stored raw when zstd does not shrink it by at least ``min_ratio``: decoding a
+    raw block is a checksum and a view, decompressing costs far more than the bytes saved.
+    """
+    raw = batch.serialize()
+    raw_length = raw.size
+    data: bytes = raw.to_pybytes()
+    codec = CODEC_RAW
+    if level > 0 and raw_length:
+        packed = zstandard.ZstdCompressor(level=level).compress(raw)
+        if len(packed) * min_ratio <= raw_length:
+            data, codec = packed, CODEC_ZSTD
+    return EncodedBlock(data, codec, raw_length, batch.num_rows, checksum(data))
+
+
+def decode_block(data: Any, entry: np.void, schema: pa.Schema, shard: str) -> pa.RecordBatch:
+    """Verify and decode one stored block (``data`` is any buffer: bytes, memoryview, pa.Buffer).
+
+    Raises
+    ------
+    CorruptBlockError
+        If the length or checksum differ from the index, or the bytes do not decode.
+    """
+    offset = int(entry["offset"])
+    length = int(entry["length"])
+
+    def corrupt(why: str) -> CorruptBlockError:
+        return CorruptBlockError(
+            f"block at offset {offset} of shard {shard!r} is corrupt: {why}. Run "
+            "`snapstore verify` on the snapshot; remove it with `snapstore rm` and rebuild it.",
+            shard=shard,
+            offset=offset,
+        )
+
+    size = data.size if isinstance(data, pa.Buffer) else memoryview(data).nbytes
+    if size != length:
+        raise corrupt(f"expected {length} bytes, read {size}")
+    if checksum(data) != int(entry["checksum"]):
+        raise corrupt(f"checksum mismatch (expected {int(entry['checksum']):#010x})")
+    codec = int(entry["codec"])
+    try:
+        if codec == CODEC_ZSTD:
+            raw_length = int(entry["raw_length"])
+            data = zstandard.ZstdDecompressor().decompress(data, max_output_size=raw_length)
+        elif codec != CODEC_RAW:
+            raise corrupt(f"unknown codec {codec}")
+        buffer = data if isinstance(data, pa.Buffer) else pa.py_buffer(data)
+        batch = pa.ipc.read_record_batch(buffer, schema)
+    except (zstandard.ZstdError, pa.ArrowException) as exc:
+        raise corrupt(f"cannot decode ({exc})") from exc
+    if batch.num_rows != int(entry["rows"]):
+        raise corrupt(f"expected {int(entry['rows'])} rows, decoded {batch.num_rows}")
+    return batch
+
+
+def shard_footer(entries: np.ndarray[Any, Any]) -> bytes:
+    """The footer that makes a shard self-describing: its index rows, count, magic."""
+    return entries.astype(INDEX_DTYPE).tobytes() + struct.pack("<Q", len(entries)) + SHARD_FOOTER_MAGIC
+
+
+def parse_shard_footer(tail: bytes, shard: str) -> int:
+    """Number of blocks a shard's last 16 bytes announce."""
+    if len(tail) != 16 or tail[8:] != SHARD_FOOTER_MAGIC:
+        raise FormatError(f"shard {shard!r} has no snapstore footer; it is truncated or foreign")
+    return int(struct.unpack("<Q", tail[:8])[0])
+
+
+def write_index(entries: np.ndarray[Any, Any]) -> bytes:
+    """Serialize the block index: magic, count, zstd-compressed rows."""
+    body = zstandard.ZstdCompressor(level=3).compress(entries.astype(INDEX_DTYPE).tobytes())
+    return INDEX_MAGIC + struct.pack("<Q", len(entries)) + body
+
+
+def read_index(data: bytes, where: str) -> np.ndarray[Any, Any]:
+    """Parse a block index written by :func:`write_index`."""
+    if data[:8] != INDEX_MAGIC or len(data) < 16:
+        raise FormatError(f"{where} is not a snapstore block index (bad magic)")
+    (count,) = struct.unpack("<Q", data[8:16])
+    expected = count * INDEX_DTYPE.itemsize
+    try:
+        raw = zstandard.ZstdDecompressor().decompress(data[16:], max_output_size=expected)
+    except zstandard.ZstdError as exc:
+        raise FormatError(f"{where} is corrupt: {exc}") from exc
+    if len(raw) != expected:
+        raise FormatError(f"{where} announces {count} blocks but holds {len(raw)} bytes")
+    return np.frombuffer(raw, dtype=INDEX_DTYPE)
+
+
+def dump_json(data: Mapping[str, Any]) -> bytes:
+    """Stable JSON bytes (sorted keys) for manifests and records."""
+    return json.dumps(data, sort_keys=True, indent=1).encode()
+
+
+def load_json(data: bytes, where: str) -> dict[str, Any]:
+    """Parse a JSON object, with a FormatError naming the file on failure."""
+    try:
+        value = json.loads(data)
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise FormatError(f"{where} is not valid JSON ({exc}); it is corrupt or foreign") from exc
+    if not isinstance(value, dict):
+        raise FormatError(f"{where} should hold a JSON object, found {type(value).__name__}")
+    return value
+
+
+def check_version(data: Mapping[str, Any], where: str) -> None:
+    """Reject files of another format or a newer format version."""
+    if data.get("format") != "snapstore":
+        raise FormatError(f"{where} was not written by snapstore (format={data.get('format')!r})")
+    version = data.get("format_version")
+    if version != FORMAT_VERSION:
+        raise FormatError(
+            f"{where} has format version {version!r}; this snapstore reads version "
+            f"{FORMAT_VERSION}. Upgrade snapstore, or rebuild the snapshot."
+        )
+
+
+@dataclass(frozen=True)
+class CommitRecord:
+    """The small record whose creation makes a snapshot visible."""
+
+    fingerprint: str
+    run: str
+    manifest_size: int
+    manifest_checksum: int
+    committed_at: str
+
+    def to_bytes(self) -> bytes:
+        """Serialize to JSON bytes."""
+        return dump_json(
+            {
+                "format": "snapstore",
+                "format_version": FORMAT_VERSION,
+                "fingerprint": self.fingerprint,
+                "run": self.run,
+                "manifest_size": self.manifest_size,
+                "manifest_crc32": self.manifest_checksum,
+                "committed_at": self.committed_at,
+            }
+        )
+
+    @classmethod
+    def from_bytes(cls, data: bytes, where: str) -> CommitRecord:
+        """Parse and validate a commit record."""
+        value = load_json(data, where)
+        check_version(value, where)
+        try:
+            return cls(
+                fingerprint=str(value["fingerprint"]),
+                run=check_name(value["run"], f"run named in {where}"),
+                manifest_size=int(value["manifest_size"]),
+                manifest_checksum=int(value["manifest_crc32"]),
+                committed_at=str(value["committed_at"]),
+            )
+        except (KeyError, TypeError, ValueError) as exc:
+            raise FormatError(f"{where} is missing or has a bad field: {exc}") from exc

@@ -1,0 +1,344 @@
+"""The user's entry point: ``snapshot()`` wraps a stage; calling it gives a :class:`Snapshot`.
+
+A stage is a function that returns (or yields) samples. Calling the wrapped stage computes the
+fingerprint of (code, arguments, format version, ``version``) and returns a Snapshot handle;
+nothing runs until :meth:`Snapshot.materialize` or the first read, which writes the snapshot
+unless one with that fingerprint is already committed.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+from collections.abc import Callable, Collection, Iterable, Iterator, Mapping
+from typing import Any, TypeVar, overload
+
+from . import format as fmt
+from .errors import AmbiguousFingerprintError, SnapshotNotFoundError, StageError
+from .fingerprint import Fingerprint, fingerprint_stage
+from .plan import EpochPlan, PlanOptions
+from .reader import BatchReader, SnapshotReader, load_manifest
+from .schema import Schema
+from .store import Store, open_store
+from .writer import ProgressCallback, SnapshotWriter, WriteOptions
+
+__all__ = ["Snapshot", "Stage", "open", "resolve_fingerprint", "snapshot"]
+
+Root = str | os.PathLike[str] | Store | None
+F = TypeVar("F", bound=Callable[..., Iterable[Mapping[str, Any]]])
+
+
+def _stage_name(fn: Callable[..., Any]) -> str:
+    module = getattr(fn, "__module__", None) or "?"
+    return f"{module}.{getattr(fn, '__qualname__', repr(fn))}"
+
+
+class Snapshot:
+    """A handle on the snapshot of one stage call, committed or not yet.
+
+    Reading (``len``, indexing, iteration, :meth:`batches`) materializes it first if needed.
+    Use it as a context manager, or call :meth:`close`, to stop its reader threads.
+    """
+
+    def __init__(
+        self,
+        store: Store,
+        fingerprint: Fingerprint | str,
+        *,
+        stage: Stage | None = None,
+        args: tuple[Any, ...] = (),
+        kwargs: Mapping[str, Any] | None = None,
+    ) -> None:
+        self.store = store
+        self._fp = fingerprint if isinstance(fingerprint, Fingerprint) else None
+        self.fingerprint: str = fingerprint.digest if isinstance(fingerprint, Fingerprint) else fingerprint
+        self._stage = stage
+        self._args = args
+        self._kwargs = dict(kwargs or {})
+        self._reader: SnapshotReader | None = None
+
+    def __repr__(self) -> str:
+        state = "committed" if self.committed else "not materialized"
+        return f"<Snapshot {self.fingerprint[:12]} {state} at {self.store.url}>"
+
+    @property
+    def committed(self) -> bool:
+        """Whether a commit record exists for this fingerprint."""
+        return self.store.exists(f"{self.fingerprint}/{fmt.COMMIT_NAME}")
+
+    @property
+    def fingerprint_parts(self) -> dict[str, str]:
+        """The named parts the fingerprint hashes (code, arguments, format, version...)."""
+        if self._fp is not None:
+            return dict(self._fp.parts)
+        return dict(self.manifest.get("fingerprint_parts", {}))
+
+    def materialize(self, progress: ProgressCallback | None = None) -> Snapshot:
+        """Run the stage and commit its output, unless this fingerprint is already committed.
+
+        Parameters
+        ----------
+        progress : callable, optional
+            ``progress(samples, stored_bytes)``, called after each block is written.
+
+        Returns
+        -------
+        Snapshot
+            ``self``, committed.
+
+        Raises
+        ------
+        SchemaError
+            A sample did not fit the schema. Nothing was committed.
+        Exception
+            Whatever the stage raised, with a note that nothing was committed.
+        """
+        if self.committed:
+            return self
+        if self._stage is None:
+            raise SnapshotNotFoundError(f"snapshot {self.fingerprint} is not committed under {self.store.url}")
+        self._stage.write(self, progress)
+        return self
+
+    def _open(self) -> SnapshotReader:
+        if self._reader is None:
+            self.materialize()
+            self._reader = SnapshotReader(self.store, self.fingerprint)
+        return self._reader
+
+    @property
+    def manifest(self) -> dict[str, Any]:
+        """The committed manifest (schema, counts, sizes, fingerprint parts)."""
+        return self._open().manifest
+
+    @property
+    def schema(self) -> Schema:
+        """The schema of the samples."""
+        return self._open().schema
+
+    def __len__(self) -> int:
+        return len(self._open())
+
+    def __getitem__(self, index: int) -> dict[str, Any]:
+        return self._open().sample(index)
+
+    def __iter__(self) -> Iterator[dict[str, Any]]:
+        return iter(self._open())
+
+    def batches(
+        self,
+        batch_size: int,
+        *,
+        shuffle: bool = False,
+        seed: int = 0,
+        epoch: int = 0,
+        rank: int = 0,
+        world_size: int = 1,
+        drop_last: bool = False,
+        window_blocks: int = 16,
+    ) -> BatchReader:
+        """Batches of this rank's share of one epoch, as dicts of numpy arrays.
+
+        Parameters
+        ----------
+        batch_size : int
+            Samples per batch.
+        shuffle : bool
+            Shuffle block order across all shards and samples within windows of
+            ``window_blocks`` blocks; the order is a pure function of (seed, epoch).
+        seed, epoch : int
+            Select the order; change ``epoch`` every epoch.
+        rank, world_size : int
+            This consumer's place; every rank gets the same number of samples.
+        drop_last : bool
+            False: each rank gets ceil(N / world_size) samples, the few missing ones repeated
+            from the start of the epoch's order, and the last batch may be short. True: each
+            rank gets floor(N / world_size) samples and short batches are dropped.
+        window_blocks : int
+            Shuffle window in blocks; memory is about this many decoded blocks, twice.
+
+        Returns
+        -------
+        BatchReader
+            Iterable of dicts: fixed-shape and numeric fields as stacked arrays, varying-shape
+            arrays as lists of arrays, str and bytes fields as lists.
+        """
+        reader = self._open()
+        options = PlanOptions(shuffle=shuffle, seed=seed, window_blocks=window_blocks, drop_last=drop_last)
+        plan = EpochPlan(reader.index["rows"], epoch=epoch, rank=rank, world_size=world_size, options=options)
+        return BatchReader(reader, batch_size, plan, drop_last)
+
+    def close(self) -> None:
+        """Stop reader threads and release open files."""
+        if self._reader is not None:
+            self._reader.close()
+            self._reader = None
+
+    def __enter__(self) -> Snapshot:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+class Stage:
+    """A function wrapped by :func:`snapshot`; calling it returns a :class:`Snapshot`."""
+
+    def __init__(
+        self,
+        fn: Callable[..., Iterable[Mapping[str, Any]]],
+        *,
+        root: Root = None,
+        version: str | None = None,
+        key: Callable[..., Any] | None = None,
+        ignore: Collection[str] = (),
+        schema: Schema | Mapping[str, Any] | None = None,
+        options: WriteOptions | None = None,
+    ) -> None:
+        if not callable(fn):
+            raise TypeError(f"snapshot() wraps a function that yields samples; got {type(fn).__name__}")
+        self.fn = fn
+        self.root = root
+        self.version = version
+        self.key = key
+        self.ignore = tuple(ignore)
+        self.schema = schema if schema is None or isinstance(schema, Schema) else Schema.declare(schema)
+        self.options = options or WriteOptions()
+        self.name = _stage_name(fn)
+        functools.update_wrapper(self, fn)  # type: ignore[arg-type]
+
+    def fingerprint(self, *args: Any, **kwargs: Any) -> Fingerprint:
+        """The fingerprint of a call, without running anything."""
+        return fingerprint_stage(
+            self.fn, args, kwargs, format_version=fmt.FORMAT_VERSION,
+            version=self.version, key=self.key, ignore=self.ignore,
+        )
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Snapshot:
+        fp = self.fingerprint(*args, **kwargs)
+        return Snapshot(open_store(self.root), fp, stage=self, args=args, kwargs=kwargs)
+
+    def write(self, snap: Snapshot, progress: ProgressCallback | None) -> None:
+        """Run the stage for ``snap``'s arguments and commit; on any error nothing is visible."""
+        fp = snap._fp
+        extra = {
+            "stage": self.name,
+            "fingerprint_parts": fp.parts if fp else {},
+            "fingerprint_details": fp.details if fp else {},
+            "version": self.version,
+        }
+        writer = SnapshotWriter(snap.store, snap.fingerprint, extra, schema=self.schema,
+                                options=self.options, progress=progress)
+        try:
+            samples = self.fn(*snap._args, **snap._kwargs)
+            if not isinstance(samples, Iterable):
+                raise StageError(
+                    f"stage {self.name} returned {type(samples).__name__}; expected an iterable of "
+                    "sample dicts (write it as a generator that yields dicts)."
+                )
+            for sample in samples:
+                writer.add(sample)
+        except BaseException as exc:
+            writer.abort()
+            if hasattr(exc, "add_note"):
+                exc.add_note(f"snapstore: stage {self.name} failed after {writer.samples_written} "
+                             f"samples; nothing was committed for {snap.fingerprint}.")
+            raise
+        writer.commit()
+
+
+@overload
+def snapshot(fn: F, **settings: Any) -> Stage: ...
+@overload
+def snapshot(fn: None = None, **settings: Any) -> Callable[[F], Stage]: ...
+
+
+def snapshot(fn: F | None = None, **settings: Any) -> Stage | Callable[[F], Stage]:
+    """Wrap a stage so its output is materialized once and read back from then on.
+
+    Use as ``@snapshot``, ``@snapshot(root=...)`` or ``snapshot(fn, root=...)``.
+
+    Parameters
+    ----------
+    fn : callable
+        A function returning or yielding sample dicts.
+    root : str, path or Store, optional
+        Where snapshots live: a local directory or fsspec URL. Default ``$SNAPSTORE_ROOT``, else
+        the per-user cache directory (``~/.cache/snapstore`` on Linux).
+    version : str, optional
+        Folded into the fingerprint; bump it to force a new snapshot.
+    key : callable, optional
+        ``key(*args, **kwargs)`` returns what identifies the arguments, in place of hashing them.
+    ignore : collection of str
+        Argument names left out of the fingerprint (verbosity, thread counts...).
+    schema : Schema or mapping, optional
+        Declared schema; see :meth:`Schema.declare`. Inferred from the first block otherwise.
+    options : WriteOptions, optional
+        Block size, shard size, compression, threads (not part of the fingerprint).
+
+    Returns
+    -------
+    Stage
+        Call it with the stage's arguments to get a :class:`Snapshot`.
+
+    Examples
+    --------
+    >>> @snapshot(root="/tmp/snaps")                               # doctest: +SKIP
+    ... def squares(n):
+    ...     for i in range(n):
+    ...         yield {"x": i * i}
+    >>> snap = squares(10).materialize()                           # doctest: +SKIP
+    >>> snap[3]                                                    # doctest: +SKIP
+    {'x': 9}
+    """
+    unknown = set(settings) - {"root", "version", "key", "ignore", "schema", "options"}
+    if unknown:
+        raise TypeError(f"snapshot() got unexpected settings {sorted(unknown)}; expected root, "
+                        "version, key, ignore, schema or options")
+    if fn is None:
+        return lambda f: Stage(f, **settings)
+    return Stage(fn, **settings)
+
+
+def list_fingerprints(store: Store) -> list[str]:
+    """Fingerprints with a commit record under ``store`` (for tools; readers never list)."""
+    return [name for name in store.list_dir("") if store.exists(f"{name}/{fmt.COMMIT_NAME}")]
+
+
+def resolve_fingerprint(store: Store, prefix: str) -> str:
+    """The full fingerprint of a committed snapshot from a unique prefix.
+
+    Raises
+    ------
+    SnapshotNotFoundError
+        If nothing matches.
+    AmbiguousFingerprintError
+        If several snapshots match.
+    """
+    if store.exists(f"{prefix}/{fmt.COMMIT_NAME}"):
+        return prefix
+    matches = [fp for fp in list_fingerprints(store) if fp.startswith(prefix)] if prefix else []
+    if not matches:
+        raise SnapshotNotFoundError(
+            f"no committed snapshot matches {prefix!r} under {store.url}; `snapstore ls` lists them"
+        )
+    if len(matches) > 1:
+        raise AmbiguousFingerprintError(
+            f"{prefix!r} matches {len(matches)} snapshots under {store.url} "
+            f"({', '.join(m[:12] for m in matches[:5])}...); give more characters"
+        )
+    return matches[0]
+
+
+def open(fingerprint: str, root: Root = None) -> Snapshot:  # noqa: A001 - the contract's name
+    """A committed snapshot by its fingerprint (or a unique prefix of it).
+
+    Raises
+    ------
+    SnapshotNotFoundError
+        If no committed snapshot matches.
+    """
+    store = open_store(root)
+    full = resolve_fingerprint(store, fingerprint)
+    load_manifest(store, full)  # validate now, so a broken snapshot fails here
+    return Snapshot(store, full)

@@ -1,0 +1,84 @@
+"""batches(): shuffled, even across ranks, deterministic, as numpy."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import snapstore
+from snapstore.store import Store
+from snapstore.writer import WriteOptions
+
+
+def stage(n: int):
+    for i in range(n):
+        yield {"id": i, "img": np.full((2, 3), i, np.int32), "tok": np.arange(i % 7, dtype=np.int16),
+               "name": f"s{i}"}
+
+
+@pytest.fixture
+def snap(store: Store):
+    s = snapstore.snapshot(stage, root=store, options=WriteOptions(block_bytes=600))(1003)
+    s.materialize()
+    yield s
+    s.close()
+
+
+def ids(snap, **kw) -> list[np.ndarray]:
+    return [b["id"] for b in snap.batches(kw.pop("batch_size", 64), **kw)]
+
+
+def test_unshuffled_batches_are_written_order(snap) -> None:
+    batches = list(snap.batches(100))
+    assert len(batches) == 11 and len(batches[-1]["id"]) == 3
+    np.testing.assert_array_equal(np.concatenate([b["id"] for b in batches]), np.arange(1003))
+    first = batches[0]
+    assert first["img"].shape == (100, 2, 3) and first["img"].dtype == np.int32
+    np.testing.assert_array_equal(first["img"][:, 0, 0], np.arange(100))
+    assert isinstance(first["tok"], list) and len(first["tok"][8]) == 1
+    assert first["name"][5] == "s5"
+
+
+@pytest.mark.parametrize("world_size", range(1, 9))
+@pytest.mark.parametrize("drop_last", [False, True])
+def test_ranks_are_even_and_cover_everything(snap, world_size: int, drop_last: bool) -> None:
+    per_rank = [np.concatenate(ids(snap, shuffle=True, seed=3, epoch=1, rank=r, world_size=world_size,
+                                   drop_last=drop_last, batch_size=50) or [np.empty(0, np.int64)])
+                for r in range(world_size)]
+    lengths = {len(p) for p in per_rank}
+    assert len(lengths) == 1, lengths  # every rank the same count: no DDP hang
+    n = lengths.pop()
+    allids = np.concatenate(per_rank)
+    if drop_last:
+        assert n == (1003 // world_size) // 50 * 50
+        assert len(set(allids.tolist())) == len(allids)  # no repeats
+    else:
+        assert n == -(-1003 // world_size)
+        assert set(allids.tolist()) == set(range(1003))
+        assert len(allids) - 1003 < world_size  # padding repeats fewer than world_size samples
+    batch_counts = {len(snap.batches(50, rank=r, world_size=world_size, drop_last=drop_last))
+                    for r in range(world_size)}
+    assert len(batch_counts) == 1
+
+
+def test_shuffle_is_deterministic_and_changes_with_epoch_and_seed(snap) -> None:
+    a = np.concatenate(ids(snap, shuffle=True, seed=0, epoch=0))
+    assert sorted(a.tolist()) == list(range(1003))
+    np.testing.assert_array_equal(a, np.concatenate(ids(snap, shuffle=True, seed=0, epoch=0)))
+    assert not np.array_equal(a, np.concatenate(ids(snap, shuffle=True, seed=0, epoch=1)))
+    assert not np.array_equal(a, np.concatenate(ids(snap, shuffle=True, seed=1, epoch=0)))
+    assert not np.array_equal(a, np.arange(1003))
+
+
+def test_shuffled_fields_stay_together(snap) -> None:
+    for batch in snap.batches(128, shuffle=True, epoch=2):
+        np.testing.assert_array_equal(batch["img"][:, 1, 2], batch["id"])
+        assert [len(t) for t in batch["tok"]] == [i % 7 for i in batch["id"].tolist()]
+        assert batch["name"] == [f"s{i}" for i in batch["id"].tolist()]
+
+
+def test_bad_arguments(snap) -> None:
+    with pytest.raises(ValueError, match="batch_size"):
+        snap.batches(0)
+    with pytest.raises(ValueError, match="rank"):
+        snap.batches(8, rank=4, world_size=4)
