@@ -19,7 +19,7 @@ Complex dtypes are stored as their real components with a trailing dimension of 
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -293,6 +293,45 @@ def check_keys(expected: Mapping[str, Any], sample: Any, index: int) -> None:
         f"sample {index} does not match the schema: missing fields {missing}, unexpected fields "
         f"{extra}; expected exactly {sorted(expected)}. Every sample must have the same keys."
     )
+
+
+def _fast_check(field: Field) -> Callable[[Any], bool]:
+    """A cheap predicate that accepts the common, valid values of a field (no messages)."""
+    if field.kind != "array":
+        scalar = {"int": int, "float": float, "bool": bool, "str": str, "bytes": bytes}[field.kind]
+        if scalar is int:
+            return lambda v: type(v) is int and -(2**63) <= v < 2**63
+        return lambda v: type(v) is scalar
+    dtype, shape = field.np_dtype, field.shape or ()
+    if field.fixed:
+        return lambda v: type(v) is np.ndarray and v.shape == shape and v.dtype == dtype
+    fixed_dims = [(i, d) for i, d in enumerate(shape) if d is not None]
+    rank = len(shape)
+    return lambda v: (
+        type(v) is np.ndarray and v.ndim == rank and v.dtype == dtype
+        and all(v.shape[i] == d for i, d in fixed_dims)
+    )
+
+
+def sample_checker(schema: Schema) -> Callable[[Any, int], None]:
+    """A function ``check(sample, index)`` that raises SchemaError if a sample does not fit.
+
+    Valid samples take a fast path (one predicate per field, ~1 us per sample); anything it does
+    not accept goes through :func:`check_sample` for a precise message.
+    """
+    checks = {f.name: _fast_check(f) for f in schema.fields}
+    count = len(checks)
+
+    def check(sample: Any, index: int) -> None:
+        if type(sample) is dict and len(sample) == count:
+            try:
+                if all(checks[name](value) for name, value in sample.items()):
+                    return
+            except KeyError:
+                pass
+        check_sample(schema, sample, index)
+
+    return check
 
 
 def check_sample(schema: Schema, sample: Any, index: int) -> None:

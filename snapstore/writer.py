@@ -28,7 +28,7 @@ import numpy as np
 
 from . import format as fmt
 from .columns import to_record_batch
-from .schema import Schema, check_sample, infer_schema, sample_items
+from .schema import Schema, infer_schema, sample_checker, sample_items
 from .store import Store
 
 __all__ = ["ProgressCallback", "SnapshotWriter", "WriteOptions"]
@@ -93,6 +93,15 @@ def new_run_id() -> str:
     return f"{stamp}-{host}-{os.getpid()}-{secrets.token_hex(4)}"
 
 
+def _index_array(entries: list[tuple[int, int, int, int, int, int, int]]) -> np.ndarray[Any, Any]:
+    index = np.zeros(len(entries), dtype=fmt.INDEX_DTYPE)
+    if entries:
+        names = ("shard", "codec", "offset", "length", "raw_length", "rows", "checksum")
+        for name, column in zip(names, zip(*entries)):
+            index[name] = column
+    return index
+
+
 def _sample_nbytes(sample: Mapping[str, Any]) -> int:
     total = 0
     for value in sample.values():
@@ -145,8 +154,12 @@ class SnapshotWriter:
         self._progress = progress
         threads = self.options.threads or _default_threads()
         self._pool = ThreadPoolExecutor(threads, thread_name_prefix="snapstore-encode")
+        # One I/O thread appends encoded blocks to shards in order, so neither compression nor
+        # file writes block the caller's generator.
+        self._io = ThreadPoolExecutor(1, thread_name_prefix="snapstore-write")
         self._max_pending = 2 * threads + 1
-        self._pending: collections.deque[Future[fmt.EncodedBlock]] = collections.deque()
+        self._pending: collections.deque[Future[None]] = collections.deque()
+        self._check: Callable[[Any, int], None] | None = None
         self._buffer: list[Mapping[str, Any]] = []
         self._buffer_bytes = 0
         self._count = 0
@@ -173,8 +186,11 @@ class SnapshotWriter:
         SchemaError
             If the sample does not fit the (declared or inferred) schema.
         """
-        if self.schema is not None:
-            check_sample(self.schema, sample, self._count)
+        if self._check is not None:
+            self._check(sample, self._count)
+        elif self.schema is not None:
+            self._check = sample_checker(self.schema)
+            self._check(sample, self._count)
         else:
             sample_items(sample, self._count)  # a dict of str keys; the rest is checked at inference
         self._buffer.append(sample)
@@ -189,9 +205,10 @@ class SnapshotWriter:
         if self.schema is None:
             self.schema = infer_schema(self._buffer, self._count - len(self._buffer))
         samples, self._buffer, self._buffer_bytes = self._buffer, [], 0
-        self._pending.append(self._pool.submit(self._encode, self.schema, samples))
+        encoded = self._pool.submit(self._encode, self.schema, samples)
+        self._pending.append(self._io.submit(lambda: self._write_block(encoded.result())))
         while len(self._pending) > self._max_pending:
-            self._write_block(self._pending.popleft().result())
+            self._pending.popleft().result()  # bounds memory; raises what encoding or I/O raised
 
     def _encode(self, schema: Schema, samples: list[Mapping[str, Any]]) -> fmt.EncodedBlock:
         batch = to_record_batch(schema, samples)  # type: ignore[arg-type]
@@ -202,7 +219,7 @@ class SnapshotWriter:
         )
 
     def _write_block(self, block: fmt.EncodedBlock) -> None:
-        if self._shard is not None and self._shard_size + len(block.data) > self.options.shard_bytes:
+        if self._shard is not None and self._shard_size + block.data.nbytes > self.options.shard_bytes:
             self._close_shard()
         if self._shard is None:
             name = f"shard-{len(self._shards):05d}.snap"
@@ -213,13 +230,13 @@ class SnapshotWriter:
             self._shard_blocks = 0
         self._shard.write(block.data)
         self._entries.append(
-            (len(self._shards) - 1, block.codec, self._shard_size, len(block.data),
+            (len(self._shards) - 1, block.codec, self._shard_size, block.data.nbytes,
              block.raw_length, block.rows, block.checksum)
         )
-        self._shard_size += len(block.data)
+        self._shard_size += block.data.nbytes
         self._shard_blocks += 1
         self._raw_bytes += block.raw_length
-        self._stored_bytes += len(block.data)
+        self._stored_bytes += block.data.nbytes
         self._rows_written += block.rows
         if self._progress is not None:
             self._progress(self._rows_written, self._stored_bytes)
@@ -227,26 +244,18 @@ class SnapshotWriter:
     def _close_shard(self) -> None:
         if self._shard is None:
             return
-        entries = self._index_array()[-self._shard_blocks :] if self._shard_blocks else self._index_array()[:0]
+        entries = _index_array(self._entries[len(self._entries) - self._shard_blocks :])
         self._shard.write(fmt.shard_footer(entries))
         self._shard.close()
         self._shards[-1].update(size=self._shard_size + len(entries) * fmt.INDEX_DTYPE.itemsize + 16,
                                 blocks=self._shard_blocks)
         self._shard = None
 
-    def _index_array(self) -> np.ndarray[Any, Any]:
-        index = np.zeros(len(self._entries), dtype=fmt.INDEX_DTYPE)
-        if self._entries:
-            cols = list(zip(*self._entries))
-            for name, col in zip(("shard", "codec", "offset", "length", "raw_length", "rows", "checksum"), cols):
-                index[name] = col
-        return index
-
     def _drain(self) -> None:
         self._flush_block()
         while self._pending:
-            self._write_block(self._pending.popleft().result())
-        self._close_shard()
+            self._pending.popleft().result()
+        self._io.submit(self._close_shard).result()
 
     def _manifest(self, index: np.ndarray[Any, Any], index_bytes: bytes) -> dict[str, Any]:
         schema = self.schema or Schema(())
@@ -283,7 +292,7 @@ class SnapshotWriter:
             raise RuntimeError("this SnapshotWriter is already committed or aborted")
         try:
             self._drain()
-            index = self._index_array()
+            index = _index_array(self._entries)
             index_bytes = fmt.write_index(index)
             self.store.write_bytes(f"{self.run_dir}/{fmt.INDEX_NAME}", index_bytes)
             manifest = fmt.dump_json(self._manifest(index, index_bytes))
@@ -327,3 +336,4 @@ class SnapshotWriter:
     def _shutdown(self) -> None:
         self._closed = True
         self._pool.shutdown(wait=True, cancel_futures=True)
+        self._io.shutdown(wait=True, cancel_futures=True)
