@@ -1,6 +1,6 @@
 """Write and read two synthetic workloads with snapstore and with baselines, in one run.
 
-    python benchmarks/bench_format.py                 # full sizes (img ~600 MB, tok ~240 MB), 1x and 4x RSS
+    python benchmarks/bench_format.py                 # full sizes, and 1x/4x memory
     python benchmarks/bench_format.py --scale 0.02    # a quick smoke run
     python benchmarks/bench_format.py --block-sizes 262144,1048576,4194304   # block-size sweep
 
@@ -40,6 +40,7 @@ SIZES = {"img": 50_000, "tok": 200_000}
 
 # -- workloads -------------------------------------------------------------------------------
 
+
 def img_samples(n: int) -> Iterator[dict[str, Any]]:
     """Smooth images: low-frequency sinusoids plus mild noise, from a pool of 512 bases."""
     rng = np.random.default_rng(0)
@@ -75,6 +76,7 @@ WORKLOADS = {"img": img_samples, "tok": tok_samples}
 
 # -- memory ----------------------------------------------------------------------------------
 
+
 class PeakAnon:
     """Samples RssAnon from /proc/self/status; ``peak`` in bytes."""
 
@@ -105,6 +107,7 @@ class PeakAnon:
 
 # -- child measurements ----------------------------------------------------------------------
 
+
 def child_generate(workload: str, n: int, **_: Any) -> dict[str, Any]:
     t = time.perf_counter()
     nbytes = 0
@@ -113,13 +116,17 @@ def child_generate(workload: str, n: int, **_: Any) -> dict[str, Any]:
     return {"seconds": time.perf_counter() - t, "raw_bytes": nbytes}
 
 
-def child_snap_write(workload: str, n: int, directory: str, block_bytes: int, **_: Any) -> dict[str, Any]:
+def child_snap_write(
+    workload: str, n: int, directory: str, block_bytes: int, **_: Any
+) -> dict[str, Any]:
     from snapstore.store import LocalStore
     from snapstore.writer import SnapshotWriter, WriteOptions
 
     mem = PeakAnon()
     t = time.perf_counter()
-    writer = SnapshotWriter(LocalStore(directory), "bench", options=WriteOptions(block_bytes=block_bytes))
+    writer = SnapshotWriter(
+        LocalStore(directory), "bench", options=WriteOptions(block_bytes=block_bytes)
+    )
     for s in WORKLOADS[workload](n):
         writer.add(s)
     writer.commit()
@@ -173,7 +180,9 @@ def child_snap_read(workload: str, n: int, directory: str, **_: Any) -> dict[str
     reader = SnapshotReader(LocalStore(directory), "bench")
     key = "label" if workload == "img" else "id"
     t0 = time.perf_counter()
-    plan = EpochPlan(reader.index["rows"], epoch=0, rank=0, world_size=1, options=PlanOptions(shuffle=True))
+    plan = EpochPlan(
+        reader.index["rows"], epoch=0, rank=0, world_size=1, options=PlanOptions(shuffle=True)
+    )
     batches = iter(BatchReader(reader, BATCH, plan, drop_last=False))
     first = next(batches)
     ttfb = time.perf_counter() - t0
@@ -186,9 +195,16 @@ def child_snap_read(workload: str, n: int, directory: str, **_: Any) -> dict[str
     reader.close()
     read_order = np.concatenate(order)
     quality = shuffle_quality(read_order)
-    return {"seconds": seconds, "samples": len(read_order), "bytes": nbytes, "ttfb": ttfb,
-            "peak_anon": mem.stop(), "spearman": quality["spearman"],
-            "distance_ratio": quality["distance_ratio"], "exact": sorted(read_order.tolist()) == list(range(n))}
+    return {
+        "seconds": seconds,
+        "samples": len(read_order),
+        "bytes": nbytes,
+        "ttfb": ttfb,
+        "peak_anon": mem.stop(),
+        "spearman": quality["spearman"],
+        "distance_ratio": quality["distance_ratio"],
+        "exact": sorted(read_order.tolist()) == list(range(n)),
+    }
 
 
 def _batch_bytes(batch: dict[str, Any]) -> int:
@@ -198,14 +214,18 @@ def _batch_bytes(batch: dict[str, Any]) -> int:
     return total
 
 
-def child_memmap_read(workload: str, n: int, directory: str, order_dir: str, **_: Any) -> dict[str, Any]:
+def child_memmap_read(
+    workload: str, n: int, directory: str, order_dir: str, **_: Any
+) -> dict[str, Any]:
     """The same shuffled order as snapstore's plan, read batch by batch from the memmap."""
     from snapstore.plan import EpochPlan, PlanOptions
     from snapstore.reader import SnapshotReader
     from snapstore.store import LocalStore
 
     reader = SnapshotReader(LocalStore(order_dir), "bench")
-    plan = EpochPlan(reader.index["rows"], epoch=0, rank=0, world_size=1, options=PlanOptions(shuffle=True))
+    plan = EpochPlan(
+        reader.index["rows"], epoch=0, rank=0, world_size=1, options=PlanOptions(shuffle=True)
+    )
     order = plan.order()
     reader.close()
     _warm(directory)
@@ -225,22 +245,45 @@ def child_memmap_read(workload: str, n: int, directory: str, order_dir: str, **_
         offsets = np.load(f"{directory}/offsets.npy")
         for start in range(0, n, BATCH):
             idx = order[start : start + BATCH]
-            batch = {"tokens": [np.array(data[offsets[i] : offsets[i + 1]]) for i in idx.tolist()],
-                     "id": idx.astype(np.int64)}
+            batch = {
+                "tokens": [np.array(data[offsets[i] : offsets[i + 1]]) for i in idx.tolist()],
+                "id": idx.astype(np.int64),
+            }
             nbytes += _batch_bytes(batch)
             ttfb = ttfb if ttfb is not None else time.perf_counter() - t0
     seconds = time.perf_counter() - t0
-    return {"seconds": seconds, "samples": n, "bytes": nbytes, "ttfb": ttfb, "peak_anon": mem.stop()}
+    return {
+        "seconds": seconds,
+        "samples": n,
+        "bytes": nbytes,
+        "ttfb": ttfb,
+        "peak_anon": mem.stop(),
+    }
 
 
-CHILDREN = {f.__name__.removeprefix("child_"): f for f in
-            (child_generate, child_snap_write, child_memmap_write, child_snap_read, child_memmap_read)}
+CHILDREN = {
+    f.__name__.removeprefix("child_"): f
+    for f in (
+        child_generate,
+        child_snap_write,
+        child_memmap_write,
+        child_snap_read,
+        child_memmap_read,
+    )
+}
 
 
 def run_child(name: str, **kwargs: Any) -> dict[str, Any]:
-    env = {**os.environ, "PYTHONPATH": f"{HERE.parent}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
-    out = subprocess.run([sys.executable, __file__, "--child", name, json.dumps(kwargs)],
-                         capture_output=True, text=True, env=env)
+    env = {
+        **os.environ,
+        "PYTHONPATH": f"{HERE.parent}{os.pathsep}{os.environ.get('PYTHONPATH', '')}",
+    }
+    out = subprocess.run(
+        [sys.executable, __file__, "--child", name, json.dumps(kwargs)],
+        capture_output=True,
+        text=True,
+        env=env,
+    )
     if out.returncode != 0:
         raise RuntimeError(f"child {name} failed:\n{out.stderr}")
     return json.loads(out.stdout.strip().splitlines()[-1])
@@ -248,7 +291,10 @@ def run_child(name: str, **kwargs: Any) -> dict[str, Any]:
 
 # -- orchestration ---------------------------------------------------------------------------
 
-def measure(workload: str, n: int, tmp: Path, block_bytes: int, with_baseline: bool = True) -> dict[str, Any]:
+
+def measure(
+    workload: str, n: int, tmp: Path, block_bytes: int, with_baseline: bool = True
+) -> dict[str, Any]:
     snap_dir, mm_dir = tmp / f"{workload}-{n}-{block_bytes}-snap", tmp / f"{workload}-{n}-mm"
     snap_dir.mkdir()
     common = {"workload": workload, "n": n, "block_bytes": block_bytes}
@@ -259,7 +305,9 @@ def measure(workload: str, n: int, tmp: Path, block_bytes: int, with_baseline: b
     if with_baseline:
         mm_dir.mkdir(exist_ok=True)
         result["mm_write"] = run_child("memmap_write", directory=str(mm_dir), **common)
-        result["mm_read"] = run_child("memmap_read", directory=str(mm_dir), order_dir=str(snap_dir), **common)
+        result["mm_read"] = run_child(
+            "memmap_read", directory=str(mm_dir), order_dir=str(snap_dir), **common
+        )
         _remove(mm_dir)
     _remove(snap_dir)
     return result
@@ -290,13 +338,22 @@ def print_main_table(results: list[dict[str, Any]]) -> None:
     row("  snapstore / memmap", lambda r: f"{net(r, 'snap_write') / net(r, 'mm_write'):.2f}x")
     row("bytes on disk: snapstore (MB)", lambda r: mb(r["snap_write"]["disk_bytes"]))
     row("bytes on disk: memmap (MB)", lambda r: mb(r["mm_write"]["disk_bytes"]))
-    row("  compression ratio vs raw", lambda r: f"{r['gen']['raw_bytes'] / r['snap_write']['disk_bytes']:.2f}x")
+    row(
+        "  compression ratio vs raw",
+        lambda r: f"{r['gen']['raw_bytes'] / r['snap_write']['disk_bytes']:.2f}x",
+    )
     sps = lambda r, k: r[k]["samples"] / r[k]["seconds"]  # noqa: E731
     row("shuffled read: snapstore (samples/s)", lambda r: f"{sps(r, 'snap_read'):,.0f}")
     row("shuffled read: memmap (samples/s)", lambda r: f"{sps(r, 'mm_read'):,.0f}")
     row("  snapstore / memmap", lambda r: f"{sps(r, 'snap_read') / sps(r, 'mm_read'):.0%}")
-    row("shuffled read: snapstore (MB/s)", lambda r: mb(r["snap_read"]["bytes"] / r["snap_read"]["seconds"]))
-    row("shuffled read: memmap (MB/s)", lambda r: mb(r["mm_read"]["bytes"] / r["mm_read"]["seconds"]))
+    row(
+        "shuffled read: snapstore (MB/s)",
+        lambda r: mb(r["snap_read"]["bytes"] / r["snap_read"]["seconds"]),
+    )
+    row(
+        "shuffled read: memmap (MB/s)",
+        lambda r: mb(r["mm_read"]["bytes"] / r["mm_read"]["seconds"]),
+    )
     row("time to first batch: snapstore (ms)", lambda r: f"{1000 * r['snap_read']['ttfb']:.1f}")
     row("time to first batch: memmap (ms)", lambda r: f"{1000 * r['mm_read']['ttfb']:.1f}")
     row("peak anon RSS: snapstore write (MB)", lambda r: mb(r["snap_write"]["peak_anon"]))
@@ -318,9 +375,13 @@ def print_rows(rows: list[tuple[str, ...]]) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--scale", type=float, default=1.0, help="multiply the workload sizes")
-    parser.add_argument("--rss-scale", type=float, default=4.0, help="second size for the RSS check (0: skip)")
+    parser.add_argument(
+        "--rss-scale", type=float, default=4.0, help="second size for the RSS check (0: skip)"
+    )
     parser.add_argument("--block-bytes", type=int, default=1 << 20)
-    parser.add_argument("--block-sizes", default="", help="comma list: run a block-size sweep instead")
+    parser.add_argument(
+        "--block-sizes", default="", help="comma list: run a block-size sweep instead"
+    )
     parser.add_argument("--tmp", default=None, help="scratch directory (default: system temp)")
     parser.add_argument("--child", default=None, help=argparse.SUPPRESS)
     parser.add_argument("args", nargs="?", help=argparse.SUPPRESS)
@@ -334,16 +395,23 @@ def main() -> None:
             sweep(sizes, Path(tmp), [int(b) for b in options.block_sizes.split(",")])
             return
         results = [measure(w, sizes[w], Path(tmp), options.block_bytes) for w in ("img", "tok")]
-        print(f"# snapstore format benchmark: batch {BATCH}, one process, block {options.block_bytes} B\n")
+        print(
+            f"# snapstore format benchmark: batch {BATCH}, one process, "
+            f"block {options.block_bytes} B\n"
+        )
         print_main_table(results)
         if options.rss_scale:
             rss_table(sizes, Path(tmp), options.block_bytes, options.rss_scale, results)
 
 
-def rss_table(sizes: dict[str, int], tmp: Path, block_bytes: int, factor: float,
-              base: list[dict[str, Any]]) -> None:
+def rss_table(
+    sizes: dict[str, int], tmp: Path, block_bytes: int, factor: float, base: list[dict[str, Any]]
+) -> None:
     rows = [("peak anon RSS (MB)", "img 1x", f"img {factor:g}x", "tok 1x", f"tok {factor:g}x")]
-    big = [measure(w, int(sizes[w] * factor), tmp, block_bytes, with_baseline=False) for w in ("img", "tok")]
+    big = [
+        measure(w, int(sizes[w] * factor), tmp, block_bytes, with_baseline=False)
+        for w in ("img", "tok")
+    ]
     pairs = [(base[0], big[0]), (base[1], big[1])]
     for label, key in (("snapstore write", "snap_write"), ("snapstore read", "snap_read")):
         rows.append((label, *[mb(r[key]["peak_anon"]) for pair in pairs for r in pair]))
@@ -352,14 +420,32 @@ def rss_table(sizes: dict[str, int], tmp: Path, block_bytes: int, factor: float,
 
 
 def sweep(sizes: dict[str, int], tmp: Path, block_sizes: list[int]) -> None:
-    rows = [("block bytes", "workload", "write net (s)", "ratio", "read samples/s", "ttfb (ms)", "read RSS (MB)")]
+    rows = [
+        (
+            "block bytes",
+            "workload",
+            "write net (s)",
+            "ratio",
+            "read samples/s",
+            "ttfb (ms)",
+            "read RSS (MB)",
+        )
+    ]
     for w in ("img", "tok"):
         for b in block_sizes:
             r = measure(w, sizes[w], tmp, b, with_baseline=False)
             net = r["snap_write"]["seconds"] - r["gen"]["seconds"]
-            rows.append((f"{b:,}", w, f"{net:.2f}", f"{r['gen']['raw_bytes'] / r['snap_write']['disk_bytes']:.2f}",
-                         f"{r['snap_read']['samples'] / r['snap_read']['seconds']:,.0f}",
-                         f"{1000 * r['snap_read']['ttfb']:.1f}", mb(r["snap_read"]["peak_anon"])))
+            rows.append(
+                (
+                    f"{b:,}",
+                    w,
+                    f"{net:.2f}",
+                    f"{r['gen']['raw_bytes'] / r['snap_write']['disk_bytes']:.2f}",
+                    f"{r['snap_read']['samples'] / r['snap_read']['seconds']:,.0f}",
+                    f"{1000 * r['snap_read']['ttfb']:.1f}",
+                    mb(r["snap_read"]["peak_anon"]),
+                )
+            )
     print("# block-size sweep\n")
     print_rows(rows)
 

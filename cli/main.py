@@ -35,7 +35,9 @@ def human_bytes(n: float | None) -> str:
 def table(rows: list[list[str]], header: list[str]) -> str:
     """Left-aligned columns separated by two spaces."""
     widths = [max(len(str(r[i])) for r in [header, *rows]) for i in range(len(header))]
-    lines = ["  ".join(str(c).ljust(w) for c, w in zip(row, widths)).rstrip() for row in [header, *rows]]
+    lines = [
+        "  ".join(str(c).ljust(w) for c, w in zip(row, widths)).rstrip() for row in [header, *rows]
+    ]
     return "\n".join(lines)
 
 
@@ -57,8 +59,13 @@ def _fail(exc: Exception) -> None:
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
-@click.option("--root", envvar="SNAPSTORE_ROOT", default=None, metavar="URL",
-              help="Where snapshots live (local path or fsspec URL). [env: SNAPSTORE_ROOT]")
+@click.option(
+    "--root",
+    envvar="SNAPSTORE_ROOT",
+    default=None,
+    metavar="URL",
+    help="Where snapshots live (local path or fsspec URL). [env: SNAPSTORE_ROOT]",
+)
 @click.option("-v", "--verbose", is_flag=True, help="Log what snapstore does.")
 @click.pass_context
 def main(ctx: click.Context, root: str | None, verbose: bool) -> None:
@@ -82,8 +89,17 @@ def ls_command(obj: Context, as_json: bool) -> None:
     if not infos:
         click.echo(f"no snapshots under {obj.store.url}")
         return
-    rows = [[i["fingerprint"][:12], i.get("stage") or "-", (i.get("created_at") or "-")[:19],
-             str(i.get("samples", "-")), human_bytes(i["bytes"]), i["state"]] for i in infos]
+    rows = [
+        [
+            i["fingerprint"][:12],
+            i.get("stage") or "-",
+            (i.get("created_at") or "-")[:19],
+            str(i.get("samples", "-")),
+            human_bytes(i["bytes"]),
+            i["state"],
+        ]
+        for i in infos
+    ]
     click.echo(table(rows, ["FINGERPRINT", "STAGE", "CREATED", "SAMPLES", "SIZE", "STATE"]))
     total = sum(i["bytes"] for i in infos)
     click.echo(f"{len(infos)} snapshot(s), {human_bytes(total)} under {obj.store.url}")
@@ -122,15 +138,19 @@ def _format_info(info: dict[str, Any]) -> str:
         f"created      {info['created_at']} on {info['host']}",
         f"samples      {info['samples']}",
         f"blocks       {info['blocks']} in {info['shards']} shard(s)",
-        f"size         {human_bytes(info['stored_bytes'])} stored, {human_bytes(info['raw_bytes'])} raw"
+        f"size         {human_bytes(info['stored_bytes'])} stored, "
+        f"{human_bytes(info['raw_bytes'])} raw"
         f" ({ratio if ratio is not None else '-'}x)",
         f"on store     {human_bytes(info['bytes'])} ({info['runs']} run(s))",
         f"version      {info['version'] or '-'}",
         "schema:",
     ]
     for field in info["schema"]:
-        shape = "" if field["kind"] != "array" else "[" + ",".join(
-            "*" if d is None else str(d) for d in field["shape"]) + "]"
+        shape = (
+            ""
+            if field["kind"] != "array"
+            else "[" + ",".join("*" if d is None else str(d) for d in field["shape"]) + "]"
+        )
         lines.append(f"  {field['name']:<20} {field.get('dtype') or field['kind']}{shape}")
     lines.append("fingerprint parts:")
     for name, digest in sorted(info["fingerprint_parts"].items()):

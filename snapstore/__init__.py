@@ -47,6 +47,7 @@ __all__ = [
     "SnapshotNotFoundError",
     "SnapstoreError",
     "Stage",
+    "StageError",
     "Store",
     "StoreError",
     "WriteOptions",

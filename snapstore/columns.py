@@ -25,13 +25,14 @@ def _array_column(field: Field, values: list[Any]) -> pa.Array:
     storage = field.storage_dtype()
     shape = field.storage_shape()
     if field.fixed:
-        stacked = np.asarray(values, dtype=dtype) if values else np.empty((0, *shape), storage)
+        fixed = tuple(int(d) for d in shape if d is not None)
+        stacked = np.asarray(values, dtype=dtype) if values else np.empty((0, *fixed), storage)
         flat = np.ascontiguousarray(stacked).view(storage).reshape(-1)
         if not shape:
             return pa.array(flat)
-        if flat.size == 0 and math.prod(shape) == 0:  # Arrow's from_arrays refuses list_size 0
+        if math.prod(fixed) == 0:  # Arrow's from_arrays refuses list_size 0
             return pa.array([[]] * len(values), type=field.arrow_type())
-        return pa.FixedSizeListArray.from_arrays(pa.array(flat), math.prod(shape))  # type: ignore[arg-type]
+        return pa.FixedSizeListArray.from_arrays(pa.array(flat), math.prod(fixed))
     arrays = [np.asarray(v, dtype=dtype) for v in values]
     flats = [np.ascontiguousarray(a).view(storage).reshape(-1) for a in arrays]
     lengths = np.fromiter((f.size for f in flats), dtype=np.int64, count=len(flats))
@@ -60,9 +61,10 @@ def to_record_batch(schema: Schema, samples: Sequence[dict[str, Any]]) -> pa.Rec
 
 
 def _numpy(array: pa.Array) -> np.ndarray[Any, Any]:
-    if pa.types.is_boolean(array.type):
-        return array.to_numpy(zero_copy_only=False)  # Arrow packs bools as bits
-    return array.to_numpy(zero_copy_only=True)
+    # Arrow packs bools as bits, so they cost a copy; everything else is a view.
+    zero_copy = not pa.types.is_boolean(array.type)
+    result: np.ndarray[Any, Any] = array.to_numpy(zero_copy_only=zero_copy)
+    return result
 
 
 class _Ragged:
@@ -73,9 +75,9 @@ class _Ragged:
         if isinstance(column, pa.StructArray):
             listed = column.field("values")
             rank = len(field.storage_shape())
-            self.shapes: np.ndarray[Any, Any] | None = _numpy(column.field("shape").flatten()).reshape(
-                -1, rank
-            )
+            self.shapes: np.ndarray[Any, Any] | None = _numpy(
+                column.field("shape").flatten()
+            ).reshape(-1, rank)
         else:
             listed = column
             self.shapes = None
@@ -146,11 +148,14 @@ class BlockColumns:
         return out
 
 
-def gather(schema: Schema, parts: Sequence[tuple[BlockColumns, np.ndarray[Any, Any], np.ndarray[Any, Any]]],
-           size: int) -> dict[str, Any]:
+def gather(
+    schema: Schema,
+    parts: Sequence[tuple[BlockColumns, np.ndarray[Any, Any], np.ndarray[Any, Any]]],
+    size: int,
+) -> dict[str, Any]:
     """Assemble a batch of ``size`` samples from rows of several blocks.
 
-    ``parts`` holds ``(block, rows, positions)``: rows of ``block`` go to ``positions`` of the batch.
+    ``parts`` holds ``(block, rows, positions)``: ``rows`` of ``block`` go to ``positions``.
     Fixed-shape and scalar numeric fields come back stacked as one ndarray; varying-shape arrays as
     a list of ndarrays (views into the blocks); str and bytes as lists.
     """
@@ -189,8 +194,11 @@ def gather(schema: Schema, parts: Sequence[tuple[BlockColumns, np.ndarray[Any, A
 _ROW_COPY_BYTES = 1024
 
 
-def _copy_rows(name: str, parts: Sequence[tuple[BlockColumns, np.ndarray[Any, Any], np.ndarray[Any, Any]]],
-               result: np.ndarray[Any, Any]) -> None:
+def _copy_rows(
+    name: str,
+    parts: Sequence[tuple[BlockColumns, np.ndarray[Any, Any], np.ndarray[Any, Any]]],
+    result: np.ndarray[Any, Any],
+) -> None:
     flat_out = result.reshape(len(result), -1)
     for block, rows, positions in parts:
         col = block.column(name)
@@ -203,4 +211,5 @@ def _take_rows(col: np.ndarray[Any, Any], rows: np.ndarray[Any, Any]) -> np.ndar
     """Rows of one block: a zero-copy slice when they are contiguous and ascending."""
     if len(rows) and rows[-1] - rows[0] + 1 == len(rows) and np.all(np.diff(rows) == 1):
         return col[rows[0] : rows[-1] + 1]
-    return col[rows]
+    taken: np.ndarray[Any, Any] = col[rows]
+    return taken

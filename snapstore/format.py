@@ -163,7 +163,9 @@ def decode_block(data: Any, entry: np.void, schema: pa.Schema, shard: str) -> pa
 
 def shard_footer(entries: np.ndarray[Any, Any]) -> bytes:
     """The footer that makes a shard self-describing: its index rows, count, magic."""
-    return entries.astype(INDEX_DTYPE).tobytes() + struct.pack("<Q", len(entries)) + SHARD_FOOTER_MAGIC
+    return (
+        entries.astype(INDEX_DTYPE).tobytes() + struct.pack("<Q", len(entries)) + SHARD_FOOTER_MAGIC
+    )
 
 
 def parse_shard_footer(tail: bytes, shard: str) -> int:

@@ -44,7 +44,9 @@ def load_manifest(store: Store, fingerprint: str) -> dict[str, Any]:
     """
     where = store.join(f"{fingerprint}/{fmt.COMMIT_NAME}")
     try:
-        record = fmt.CommitRecord.from_bytes(store.read_bytes(f"{fingerprint}/{fmt.COMMIT_NAME}"), where)
+        record = fmt.CommitRecord.from_bytes(
+            store.read_bytes(f"{fingerprint}/{fmt.COMMIT_NAME}"), where
+        )
     except FileNotFoundError as exc:
         raise SnapshotNotFoundError(
             f"no committed snapshot {fingerprint} under {store.url}; run the stage (or "
@@ -58,7 +60,9 @@ def load_manifest(store: Store, fingerprint: str) -> dict[str, Any]:
     except FileNotFoundError as exc:
         raise FormatError(f"{where} names run {record.run}, whose manifest is missing") from exc
     if len(data) != record.manifest_size or fmt.checksum(data) != record.manifest_checksum:
-        raise FormatError(f"manifest {store.join(path)} does not match its commit record; it is corrupt")
+        raise FormatError(
+            f"manifest {store.join(path)} does not match its commit record; it is corrupt"
+        )
     manifest = fmt.load_json(data, store.join(path))
     fmt.check_version(manifest, store.join(path))
     if manifest.get("fingerprint") != fingerprint or manifest.get("run") != record.run:
@@ -92,10 +96,13 @@ class SnapshotReader:
         np.cumsum(self.index["rows"].astype(np.int64), out=self.offsets[1:])
         if int(self.offsets[-1]) != int(self.manifest["num_samples"]):
             raise FormatError(
-                f"index of {self.fingerprint} holds {int(self.offsets[-1])} samples but the manifest "
+                f"index of {self.fingerprint} holds {int(self.offsets[-1])} samples but the "
+                f"manifest "
                 f"says {self.manifest['num_samples']}; the snapshot is corrupt"
             )
-        self._pool = ThreadPoolExecutor(max(1, decode_threads), thread_name_prefix="snapstore-decode")
+        self._pool = ThreadPoolExecutor(
+            max(1, decode_threads), thread_name_prefix="snapstore-decode"
+        )
         self._cache: collections.OrderedDict[int, BlockColumns] = collections.OrderedDict()
         self._lock = threading.Lock()
 
@@ -105,14 +112,23 @@ class SnapshotReader:
         where = self.store.join(f"{self.run_dir}/{name}")
         data = self.store.read_bytes(f"{self.run_dir}/{name}")
         if len(data) != meta.get("size") or fmt.checksum(data) != meta.get("crc32"):
-            raise FormatError(f"block index {where} does not match its manifest entry; it is corrupt")
+            raise FormatError(
+                f"block index {where} does not match its manifest entry; it is corrupt"
+            )
         index = fmt.read_index(data, where)
         sizes = np.array([int(s.get("size", -1)) for s in self.manifest["shards"]], dtype=np.int64)
         if len(index) and (
             int(index["shard"].max()) >= len(self.shards)
-            or bool(np.any(index["offset"].astype(np.int64) + index["length"].astype(np.int64) > sizes[index["shard"]]))
+            or bool(
+                np.any(
+                    index["offset"].astype(np.int64) + index["length"].astype(np.int64)
+                    > sizes[index["shard"]]
+                )
+            )
         ):
-            raise FormatError(f"block index {where} points outside the snapshot's shards; it is corrupt")
+            raise FormatError(
+                f"block index {where} points outside the snapshot's shards; it is corrupt"
+            )
         return index
 
     def __len__(self) -> int:
@@ -127,7 +143,9 @@ class SnapshotReader:
         """Fetch, verify and decode one block (no caching)."""
         entry = self.index[block]
         shard = self.shards[int(entry["shard"])]
-        data = self.store.read_range(f"{self.run_dir}/{shard}", int(entry["offset"]), int(entry["length"]))
+        data = self.store.read_range(
+            f"{self.run_dir}/{shard}", int(entry["offset"]), int(entry["length"])
+        )
         batch = fmt.decode_block(data, entry, self._arrow_schema, f"{self.run_dir}/{shard}")
         return BlockColumns(self.schema, batch)
 
@@ -145,7 +163,9 @@ class SnapshotReader:
                 self._cache.popitem(last=False)
         return decoded
 
-    def locate(self, indices: np.ndarray[Any, Any]) -> tuple[np.ndarray[Any, Any], np.ndarray[Any, Any]]:
+    def locate(
+        self, indices: np.ndarray[Any, Any]
+    ) -> tuple[np.ndarray[Any, Any], np.ndarray[Any, Any]]:
         """Block number and row inside the block of each global sample index."""
         blocks = np.searchsorted(self.offsets, indices, side="right") - 1
         return blocks, indices - self.offsets[blocks]
@@ -216,7 +236,9 @@ class BatchReader:
     pad/drop rule); with ``drop_last`` the final short batch is dropped as well.
     """
 
-    def __init__(self, reader: SnapshotReader, batch_size: int, plan: EpochPlan, drop_last: bool) -> None:
+    def __init__(
+        self, reader: SnapshotReader, batch_size: int, plan: EpochPlan, drop_last: bool
+    ) -> None:
         if batch_size < 1:
             raise ValueError(f"batch_size must be a positive integer, got {batch_size!r}")
         self.reader = reader
@@ -244,7 +266,9 @@ class BatchReader:
         if filled and not self.drop_last:
             yield self._assemble(segments, filled)
 
-    def _assemble(self, segments: list[tuple[np.ndarray[Any, Any], dict[int, BlockColumns]]], size: int) -> dict[str, Any]:
+    def _assemble(
+        self, segments: list[tuple[np.ndarray[Any, Any], dict[int, BlockColumns]]], size: int
+    ) -> dict[str, Any]:
         idx = segments[0][0] if len(segments) == 1 else np.concatenate([s[0] for s in segments])
         decoded: dict[int, BlockColumns] = {}
         for _, d in segments:

@@ -9,7 +9,8 @@ Arrow layout per field kind (see docs/format.md):
 
 - fixed-shape array ``(d1, ..., dk)``: ``fixed_size_list<T>[d1*...*dk]`` (rank 0: plain ``T``)
 - varying-shape array of rank 1: ``large_list<T>``
-- varying-shape array of rank > 1: ``struct<values: large_list<T>, shape: fixed_size_list<int64>[k]>``
+- varying-shape array of rank k > 1:
+  ``struct<values: large_list<T>, shape: fixed_size_list<int64>[k]>``
 - ``int`` / ``float`` / ``bool``: ``int64`` / ``float64`` / ``bool``
 - ``str`` / ``bytes``: ``large_string`` / ``large_binary``
 
@@ -32,7 +33,13 @@ __all__ = ["Field", "FieldKind", "Schema", "infer_schema"]
 
 FieldKind = Literal["array", "int", "float", "bool", "str", "bytes"]
 
-_SCALAR_KINDS: dict[type, FieldKind] = {bool: "bool", int: "int", float: "float", str: "str", bytes: "bytes"}
+_SCALAR_KINDS: dict[type, FieldKind] = {
+    bool: "bool",
+    int: "int",
+    float: "float",
+    str: "str",
+    bytes: "bytes",
+}
 _SCALAR_ARROW: dict[str, pa.DataType] = {
     "int": pa.int64(),
     "float": pa.float64(),
@@ -199,7 +206,8 @@ class Schema:
             else:
                 raise SchemaError(
                     f"field {name!r}: cannot understand declaration {decl!r}; expected one of "
-                    "int, float, bool, str, bytes or a (dtype, shape) tuple such as ('int32', (None,))."
+                    "int, float, bool, str, bytes or a (dtype, shape) tuple such as "
+                    "('int32', (None,))."
                 )
         return cls(tuple(fields))
 
@@ -242,7 +250,8 @@ def _merge(a: Field, b: Field, index: int) -> Field:
     assert a.shape is not None and b.shape is not None
     if len(a.shape) != len(b.shape):
         raise SchemaError(
-            f"field {a.name!r}: sample {index} has rank {len(b.shape)} (shape {b.shape}) but earlier "
+            f"field {a.name!r}: sample {index} has rank {len(b.shape)} (shape {b.shape}) "
+            f"but earlier "
             f"samples have rank {len(a.shape)} ({a.describe()}). Arrays of a field must keep their "
             f"rank; {_DECLARE_HINT}"
         )
@@ -261,7 +270,9 @@ def infer_schema(samples: Sequence[Mapping[str, Any]], first_index: int = 0) -> 
     if not samples:
         return Schema(())
     first = samples[0]
-    fields = {name: field_of(name, value, first_index) for name, value in sample_items(first, first_index)}
+    fields = {
+        name: field_of(name, value, first_index) for name, value in sample_items(first, first_index)
+    }
     for offset, sample in enumerate(samples[1:], start=1):
         index = first_index + offset
         check_keys(fields, sample, index)
@@ -308,7 +319,9 @@ def _fast_check(field: Field) -> Callable[[Any], bool]:
     fixed_dims = [(i, d) for i, d in enumerate(shape) if d is not None]
     rank = len(shape)
     return lambda v: (
-        type(v) is np.ndarray and v.ndim == rank and v.dtype == dtype
+        type(v) is np.ndarray
+        and v.ndim == rank
+        and v.dtype == dtype
         and all(v.shape[i] == d for i, d in fixed_dims)
     )
 
@@ -351,14 +364,14 @@ def check_sample(schema: Schema, sample: Any, index: int) -> None:
             if len(found.shape) != len(field.shape):
                 raise SchemaError(
                     f"field {name!r}: sample {index} has rank {len(found.shape)} (shape "
-                    f"{found.shape}) but the schema says rank {len(field.shape)} ({field.describe()}). "
+                    f"{found.shape}) but the schema says rank {len(field.shape)} "
+                    f"({field.describe()}). "
                     f"Arrays of a field must keep their rank; {_DECLARE_HINT}"
                 )
-            if any(
-                d is not None and d != e for d, e in zip(field.shape, found.shape)
-            ):
+            if any(d is not None and d != e for d, e in zip(field.shape, found.shape)):
                 raise SchemaError(
                     f"field {name!r}: sample {index} has shape {found.shape} but the schema says "
                     f"{field.describe()} (inferred from the first block's samples). If this "
-                    f"field's shape varies, declare it: {_DECLARE_HINT} Use None for varying dimensions."
+                    f"field's shape varies, declare it: {_DECLARE_HINT} "
+                    "Use None for varying dimensions."
                 )

@@ -51,7 +51,9 @@ class Snapshot:
     ) -> None:
         self.store = store
         self._fp = fingerprint if isinstance(fingerprint, Fingerprint) else None
-        self.fingerprint: str = fingerprint.digest if isinstance(fingerprint, Fingerprint) else fingerprint
+        self.fingerprint: str = (
+            fingerprint.digest if isinstance(fingerprint, Fingerprint) else fingerprint
+        )
         self._stage = stage
         self._args = args
         self._kwargs = dict(kwargs or {})
@@ -96,7 +98,9 @@ class Snapshot:
         if self.committed:
             return self
         if self._stage is None:
-            raise SnapshotNotFoundError(f"snapshot {self.fingerprint} is not committed under {self.store.url}")
+            raise SnapshotNotFoundError(
+                f"snapshot {self.fingerprint} is not committed under {self.store.url}"
+            )
         self._stage.write(self, progress)
         return self
 
@@ -164,8 +168,12 @@ class Snapshot:
             arrays as lists of arrays, str and bytes fields as lists.
         """
         reader = self._open()
-        options = PlanOptions(shuffle=shuffle, seed=seed, window_blocks=window_blocks, drop_last=drop_last)
-        plan = EpochPlan(reader.index["rows"], epoch=epoch, rank=rank, world_size=world_size, options=options)
+        options = PlanOptions(
+            shuffle=shuffle, seed=seed, window_blocks=window_blocks, drop_last=drop_last
+        )
+        plan = EpochPlan(
+            reader.index["rows"], epoch=epoch, rank=rank, world_size=world_size, options=options
+        )
         return BatchReader(reader, batch_size, plan, drop_last)
 
     def close(self) -> None:
@@ -196,22 +204,31 @@ class Stage:
         options: WriteOptions | None = None,
     ) -> None:
         if not callable(fn):
-            raise TypeError(f"snapshot() wraps a function that yields samples; got {type(fn).__name__}")
+            raise TypeError(
+                f"snapshot() wraps a function that yields samples; got {type(fn).__name__}"
+            )
         self.fn = fn
         self.root = root
         self.version = version
         self.key = key
         self.ignore = tuple(ignore)
-        self.schema = schema if schema is None or isinstance(schema, Schema) else Schema.declare(schema)
+        self.schema = (
+            schema if schema is None or isinstance(schema, Schema) else Schema.declare(schema)
+        )
         self.options = options or WriteOptions()
         self.name = _stage_name(fn)
-        functools.update_wrapper(self, fn)  # type: ignore[arg-type]
+        functools.update_wrapper(self, fn)
 
     def fingerprint(self, *args: Any, **kwargs: Any) -> Fingerprint:
         """The fingerprint of a call, without running anything."""
         return fingerprint_stage(
-            self.fn, args, kwargs, format_version=fmt.FORMAT_VERSION,
-            version=self.version, key=self.key, ignore=self.ignore,
+            self.fn,
+            args,
+            kwargs,
+            format_version=fmt.FORMAT_VERSION,
+            version=self.version,
+            key=self.key,
+            ignore=self.ignore,
         )
 
     def __call__(self, *args: Any, **kwargs: Any) -> Snapshot:
@@ -227,8 +244,14 @@ class Stage:
             "fingerprint_details": fp.details if fp else {},
             "version": self.version,
         }
-        writer = SnapshotWriter(snap.store, snap.fingerprint, extra, schema=self.schema,
-                                options=self.options, progress=progress)
+        writer = SnapshotWriter(
+            snap.store,
+            snap.fingerprint,
+            extra,
+            schema=self.schema,
+            options=self.options,
+            progress=progress,
+        )
         try:
             samples = self.fn(*snap._args, **snap._kwargs)
             if not isinstance(samples, Iterable):
@@ -241,8 +264,10 @@ class Stage:
         except BaseException as exc:
             writer.abort()
             if hasattr(exc, "add_note"):
-                exc.add_note(f"snapstore: stage {self.name} failed after {writer.samples_written} "
-                             f"samples; nothing was committed for {snap.fingerprint}.")
+                exc.add_note(
+                    f"snapstore: stage {self.name} failed after {writer.samples_written} "
+                    f"samples; nothing was committed for {snap.fingerprint}."
+                )
             raise
         writer.commit()
 
@@ -293,8 +318,10 @@ def snapshot(fn: F | None = None, **settings: Any) -> Stage | Callable[[F], Stag
     """
     unknown = set(settings) - {"root", "version", "key", "ignore", "schema", "options"}
     if unknown:
-        raise TypeError(f"snapshot() got unexpected settings {sorted(unknown)}; expected root, "
-                        "version, key, ignore, schema or options")
+        raise TypeError(
+            f"snapshot() got unexpected settings {sorted(unknown)}; expected root, "
+            "version, key, ignore, schema or options"
+        )
     if fn is None:
         return lambda f: Stage(f, **settings)
     return Stage(fn, **settings)
@@ -330,7 +357,7 @@ def resolve_fingerprint(store: Store, prefix: str) -> str:
     return matches[0]
 
 
-def open(fingerprint: str, root: Root = None) -> Snapshot:  # noqa: A001 - the contract's name
+def open(fingerprint: str, root: Root = None) -> Snapshot:
     """A committed snapshot by its fingerprint (or a unique prefix of it).
 
     Raises

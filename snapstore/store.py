@@ -122,7 +122,7 @@ class Store(ABC):
     def is_dir(self, path: str) -> bool:
         """Whether ``path`` is a directory."""
 
-    def close(self) -> None:
+    def close(self) -> None:  # noqa: B027 - optional hook, most stores hold nothing
         """Release open handles (memory maps, connections)."""
 
 

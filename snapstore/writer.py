@@ -83,7 +83,9 @@ class WriteOptions:
         ]
         for ok, name, expected in checks:
             if not ok:
-                raise ValueError(f"WriteOptions.{name} must be {expected}, got {getattr(self, name)!r}")
+                raise ValueError(
+                    f"WriteOptions.{name} must be {expected}, got {getattr(self, name)!r}"
+                )
 
 
 def new_run_id() -> str:
@@ -192,7 +194,9 @@ class SnapshotWriter:
             self._check = sample_checker(self.schema)
             self._check(sample, self._count)
         else:
-            sample_items(sample, self._count)  # a dict of str keys; the rest is checked at inference
+            sample_items(
+                sample, self._count
+            )  # a dict of str keys; the rest is checked at inference
         self._buffer.append(sample)
         self._buffer_bytes += _sample_nbytes(sample)
         self._count += 1
@@ -219,7 +223,10 @@ class SnapshotWriter:
         )
 
     def _write_block(self, block: fmt.EncodedBlock) -> None:
-        if self._shard is not None and self._shard_size + block.data.nbytes > self.options.shard_bytes:
+        if (
+            self._shard is not None
+            and self._shard_size + block.data.nbytes > self.options.shard_bytes
+        ):
             self._close_shard()
         if self._shard is None:
             name = f"shard-{len(self._shards):05d}.snap"
@@ -230,8 +237,15 @@ class SnapshotWriter:
             self._shard_blocks = 0
         self._shard.write(block.data)
         self._entries.append(
-            (len(self._shards) - 1, block.codec, self._shard_size, block.data.nbytes,
-             block.raw_length, block.rows, block.checksum)
+            (
+                len(self._shards) - 1,
+                block.codec,
+                self._shard_size,
+                block.data.nbytes,
+                block.raw_length,
+                block.rows,
+                block.checksum,
+            )
         )
         self._shard_size += block.data.nbytes
         self._shard_blocks += 1
@@ -247,8 +261,10 @@ class SnapshotWriter:
         entries = _index_array(self._entries[len(self._entries) - self._shard_blocks :])
         self._shard.write(fmt.shard_footer(entries))
         self._shard.close()
-        self._shards[-1].update(size=self._shard_size + len(entries) * fmt.INDEX_DTYPE.itemsize + 16,
-                                blocks=self._shard_blocks)
+        self._shards[-1].update(
+            size=self._shard_size + len(entries) * fmt.INDEX_DTYPE.itemsize + 16,
+            blocks=self._shard_blocks,
+        )
         self._shard = None
 
     def _drain(self) -> None:
@@ -275,7 +291,11 @@ class SnapshotWriter:
             "raw_bytes": self._raw_bytes,
             "stored_bytes": self._stored_bytes,
             "shards": self._shards,
-            "index": {"path": fmt.INDEX_NAME, "size": len(index_bytes), "crc32": fmt.checksum(index_bytes)},
+            "index": {
+                "path": fmt.INDEX_NAME,
+                "size": len(index_bytes),
+                "crc32": fmt.checksum(index_bytes),
+            },
             "write_options": asdict(self.options),
         }
 
@@ -304,13 +324,19 @@ class SnapshotWriter:
                 manifest_checksum=fmt.checksum(manifest),
                 committed_at=dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
             )
-            won = self.store.create_if_absent(f"{self.fingerprint}/{fmt.COMMIT_NAME}", record.to_bytes())
+            won = self.store.create_if_absent(
+                f"{self.fingerprint}/{fmt.COMMIT_NAME}", record.to_bytes()
+            )
         except BaseException:
             self.abort()
             raise
         self._shutdown()
         if not won:
-            log.info("snapshot %s was committed by another writer; discarding run %s", self.fingerprint, self.run)
+            log.info(
+                "snapshot %s was committed by another writer; discarding run %s",
+                self.fingerprint,
+                self.run,
+            )
             self.store.remove_tree(self.run_dir)
         return won
 
@@ -331,7 +357,9 @@ class SnapshotWriter:
         try:
             self.store.remove_tree(self.run_dir)
         except OSError:
-            log.warning("could not remove aborted run %s; `snapstore gc` will", self.run_dir, exc_info=True)
+            log.warning(
+                "could not remove aborted run %s; `snapstore gc` will", self.run_dir, exc_info=True
+            )
 
     def _shutdown(self) -> None:
         self._closed = True

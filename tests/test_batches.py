@@ -12,8 +12,12 @@ from snapstore.writer import WriteOptions
 
 def stage(n: int):
     for i in range(n):
-        yield {"id": i, "img": np.full((2, 3), i, np.int32), "tok": np.arange(i % 7, dtype=np.int16),
-               "name": f"s{i}"}
+        yield {
+            "id": i,
+            "img": np.full((2, 3), i, np.int32),
+            "tok": np.arange(i % 7, dtype=np.int16),
+            "name": f"s{i}",
+        }
 
 
 @pytest.fixture
@@ -42,9 +46,22 @@ def test_unshuffled_batches_are_written_order(snap) -> None:
 @pytest.mark.parametrize("world_size", range(1, 9))
 @pytest.mark.parametrize("drop_last", [False, True])
 def test_ranks_are_even_and_cover_everything(snap, world_size: int, drop_last: bool) -> None:
-    per_rank = [np.concatenate(ids(snap, shuffle=True, seed=3, epoch=1, rank=r, world_size=world_size,
-                                   drop_last=drop_last, batch_size=50) or [np.empty(0, np.int64)])
-                for r in range(world_size)]
+    per_rank = [
+        np.concatenate(
+            ids(
+                snap,
+                shuffle=True,
+                seed=3,
+                epoch=1,
+                rank=r,
+                world_size=world_size,
+                drop_last=drop_last,
+                batch_size=50,
+            )
+            or [np.empty(0, np.int64)]
+        )
+        for r in range(world_size)
+    ]
     lengths = {len(p) for p in per_rank}
     assert len(lengths) == 1, lengths  # every rank the same count: no DDP hang
     n = lengths.pop()
@@ -56,8 +73,10 @@ def test_ranks_are_even_and_cover_everything(snap, world_size: int, drop_last: b
         assert n == -(-1003 // world_size)
         assert set(allids.tolist()) == set(range(1003))
         assert len(allids) - 1003 < world_size  # padding repeats fewer than world_size samples
-    batch_counts = {len(snap.batches(50, rank=r, world_size=world_size, drop_last=drop_last))
-                    for r in range(world_size)}
+    batch_counts = {
+        len(snap.batches(50, rank=r, world_size=world_size, drop_last=drop_last))
+        for r in range(world_size)
+    }
     assert len(batch_counts) == 1
 
 

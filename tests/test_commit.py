@@ -84,7 +84,8 @@ KILL_SCRIPT = textwrap.dedent(
                 print("WRITING", flush=True)
             yield {"x": np.full(2048, i, np.int32)}
 
-    stage = snapstore.snapshot(slow, root=sys.argv[1], options=WriteOptions(block_bytes=16384, shard_bytes=65536))
+    options = WriteOptions(block_bytes=16384, shard_bytes=65536)
+    stage = snapstore.snapshot(slow, root=sys.argv[1], options=options)
     snap = stage(10**9 if sys.argv[2] == "forever" else 2000)
     print(snap.fingerprint, flush=True)
     snap.materialize()
@@ -96,8 +97,9 @@ KILL_SCRIPT = textwrap.dedent(
 def run_writer(tmp_path: Path, root: str, mode: str) -> subprocess.Popen[str]:
     script = tmp_path / "writer_stage.py"
     script.write_text(KILL_SCRIPT)
-    return subprocess.Popen([sys.executable, str(script), root, mode], stdout=subprocess.PIPE, text=True,
-                            cwd=tmp_path)
+    return subprocess.Popen(
+        [sys.executable, str(script), root, mode], stdout=subprocess.PIPE, text=True, cwd=tmp_path
+    )
 
 
 @pytest.mark.parametrize("delay", [0.0, 0.3])

@@ -18,7 +18,9 @@ from snapstore.writer import SnapshotWriter, WriteOptions
 @pytest.fixture
 def written(tmp_path):
     store = LocalStore(tmp_path / "snaps")
-    writer = SnapshotWriter(store, "fp", options=WriteOptions(block_bytes=4096, compression_level=0))
+    writer = SnapshotWriter(
+        store, "fp", options=WriteOptions(block_bytes=4096, compression_level=0)
+    )
     for i in range(200):
         writer.add({"x": np.full(256, i, np.int32)})
     assert writer.commit()

@@ -15,12 +15,27 @@ from snapstore.schema import Schema
 from snapstore.store import LocalStore, Store
 from snapstore.writer import SnapshotWriter, WriteOptions
 
-DTYPES = ["bool", "int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64",
-          "float16", "float32", "float64", "complex64", "complex128"]
+DTYPES = [
+    "bool",
+    "int8",
+    "int16",
+    "int32",
+    "int64",
+    "uint8",
+    "uint16",
+    "uint32",
+    "uint64",
+    "float16",
+    "float32",
+    "float64",
+    "complex64",
+    "complex128",
+]
 
 
-def write(store: Store, samples: list[dict[str, Any]], schema: Schema | None = None,
-          **options: Any) -> SnapshotReader:
+def write(
+    store: Store, samples: list[dict[str, Any]], schema: Schema | None = None, **options: Any
+) -> SnapshotReader:
     writer = SnapshotWriter(store, "fp", schema=schema, options=WriteOptions(**options))
     for sample in samples:
         writer.add(sample)
@@ -30,7 +45,9 @@ def write(store: Store, samples: list[dict[str, Any]], schema: Schema | None = N
 
 def assert_same(a: Any, b: Any) -> None:
     if isinstance(b, np.ndarray) and b.ndim == 0:
-        assert isinstance(a, np.generic) and a.dtype == b.dtype  # rank 0 reads back as a numpy scalar
+        assert (
+            isinstance(a, np.generic) and a.dtype == b.dtype
+        )  # rank 0 reads back as a numpy scalar
         np.testing.assert_array_equal(a, b)
     elif isinstance(b, np.ndarray):
         assert isinstance(a, np.ndarray)
@@ -59,14 +76,24 @@ def datasets(draw: st.DrawFn) -> tuple[list[dict[str, Any]], Schema]:
         kind = draw(st.sampled_from(["fixed", "ragged", "int", "float", "bool", "str", "bytes"]))
         fields[f"f{j}_{kind}"] = (kind, draw(st.sampled_from(DTYPES)), draw(st.integers(0, 3)))
     samples = []
-    fixed_shapes = {k: draw(hnp.array_shapes(min_dims=spec[2], max_dims=spec[2], min_side=1, max_side=4))
-                    for k, spec in fields.items() if spec[0] == "fixed"}
+    fixed_shapes = {
+        k: draw(hnp.array_shapes(min_dims=spec[2], max_dims=spec[2], min_side=1, max_side=4))
+        for k, spec in fields.items()
+        if spec[0] == "fixed"
+    }
     for _ in range(n):
         sample: dict[str, Any] = {}
         for name, (kind, dtype, rank) in fields.items():
             if kind in ("fixed", "ragged"):
-                shape = fixed_shapes[name] if kind == "fixed" else draw(
-                    hnp.array_shapes(min_dims=max(rank, 1), max_dims=max(rank, 1), min_side=0, max_side=5))
+                shape = (
+                    fixed_shapes[name]
+                    if kind == "fixed"
+                    else draw(
+                        hnp.array_shapes(
+                            min_dims=max(rank, 1), max_dims=max(rank, 1), min_side=0, max_side=5
+                        )
+                    )
+                )
                 sample[name] = draw(hnp.arrays(np.dtype(dtype), shape))
             elif kind == "int":
                 sample[name] = draw(st.integers(-(2**63), 2**63 - 1))
@@ -86,20 +113,33 @@ def datasets(draw: st.DrawFn) -> tuple[list[dict[str, Any]], Schema]:
         elif kind == "ragged":
             declared[name] = (dtype, (None,) * max(rank, 1))
         else:
-            declared[name] = {"int": int, "float": float, "bool": bool, "str": str, "bytes": bytes}[kind]
+            declared[name] = {"int": int, "float": float, "bool": bool, "str": str, "bytes": bytes}[
+                kind
+            ]
     return samples, Schema.declare(declared)
 
 
-@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(
+    max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
 @given(data=datasets(), block_bytes=st.sampled_from([1, 64, 4096, 1 << 20]), declare=st.booleans())
-def test_roundtrip_any_schema(tmp_path_factory: pytest.TempPathFactory,
-                              data: tuple[list[dict[str, Any]], Schema], block_bytes: int, declare: bool) -> None:
+def test_roundtrip_any_schema(
+    tmp_path_factory: pytest.TempPathFactory,
+    data: tuple[list[dict[str, Any]], Schema],
+    block_bytes: int,
+    declare: bool,
+) -> None:
     """Declared schemas, and inferred ones when the first block holds every sample."""
     samples, schema = data
     store = LocalStore(tmp_path_factory.mktemp("rt"))
     inferred = not declare and block_bytes == 1 << 20
-    reader = write(store, samples, schema=None if inferred else schema, block_bytes=block_bytes,
-                   shard_bytes=10_000)
+    reader = write(
+        store,
+        samples,
+        schema=None if inferred else schema,
+        block_bytes=block_bytes,
+        shard_bytes=10_000,
+    )
     try:
         assert_samples(reader, samples)
     finally:
@@ -109,10 +149,17 @@ def test_roundtrip_any_schema(tmp_path_factory: pytest.TempPathFactory,
 
 def test_roundtrip_every_backend(store: Store) -> None:
     rng = np.random.default_rng(0)
-    samples = [{"img": rng.integers(0, 255, (8, 8, 3), dtype=np.uint8),
-                "tokens": rng.integers(0, 1000, rng.integers(1, 50), dtype=np.int32),
-                "label": int(i), "score": float(i) / 3, "text": f"sample {i}", "raw": bytes([i % 256]) * 3}
-               for i in range(500)]
+    samples = [
+        {
+            "img": rng.integers(0, 255, (8, 8, 3), dtype=np.uint8),
+            "tokens": rng.integers(0, 1000, rng.integers(1, 50), dtype=np.int32),
+            "label": int(i),
+            "score": float(i) / 3,
+            "text": f"sample {i}",
+            "raw": bytes([i % 256]) * 3,
+        }
+        for i in range(500)
+    ]
     reader = write(store, samples, block_bytes=4096, shard_bytes=20_000)
     assert len(reader.shards) > 1 and reader.num_blocks > 10
     assert_samples(reader, samples)

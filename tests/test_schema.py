@@ -14,8 +14,12 @@ from snapstore.store import Store
 from snapstore.writer import SnapshotWriter, WriteOptions
 
 
-def write_all(store: Store, samples: list[Any], schema: Schema | None = None, block_bytes: int = 1 << 20) -> None:
-    writer = SnapshotWriter(store, "fp", schema=schema, options=WriteOptions(block_bytes=block_bytes))
+def write_all(
+    store: Store, samples: list[Any], schema: Schema | None = None, block_bytes: int = 1 << 20
+) -> None:
+    writer = SnapshotWriter(
+        store, "fp", schema=schema, options=WriteOptions(block_bytes=block_bytes)
+    )
     try:
         for s in samples:
             writer.add(s)
@@ -30,13 +34,18 @@ def write_all(store: Store, samples: list[Any], schema: Schema | None = None, bl
     [
         ({"x": np.zeros(3, np.int32)}, ["sample 5", "missing fields ['y']"]),
         ({"x": np.zeros(3, np.int32), "y": 1, "z": 2}, ["sample 5", "unexpected fields ['z']"]),
-        ({"x": np.zeros(3, np.float32), "y": 1}, ["'x'", "sample 5", "float32", "int32", "schema="]),
+        (
+            {"x": np.zeros(3, np.float32), "y": 1},
+            ["'x'", "sample 5", "float32", "int32", "schema="],
+        ),
         ({"x": np.zeros((3, 1), np.int32), "y": 1}, ["'x'", "sample 5", "rank 2", "schema="]),
         ({"x": np.zeros(3, np.int32), "y": "one"}, ["'y'", "sample 5", "str", "int"]),
     ],
 )
 @pytest.mark.parametrize("block_bytes", [1, 1 << 20])  # drift inside the first block, and after it
-def test_drift_is_named(store: Store, bad: dict[str, Any], words: list[str], block_bytes: int) -> None:
+def test_drift_is_named(
+    store: Store, bad: dict[str, Any], words: list[str], block_bytes: int
+) -> None:
     good = [{"x": np.zeros(3, np.int32), "y": 1} for _ in range(5)]
     with pytest.raises(SchemaError) as info:
         write_all(store, [*good, bad], block_bytes=block_bytes)
@@ -93,6 +102,8 @@ def test_declaration_errors() -> None:
 
 
 def test_schema_json_roundtrip() -> None:
-    schema = Schema.declare({"a": ("uint8", (4, None)), "b": int, "c": str, "d": bytes, "e": ("complex64", ())})
+    schema = Schema.declare(
+        {"a": ("uint8", (4, None)), "b": int, "c": str, "d": bytes, "e": ("complex64", ())}
+    )
     assert Schema.from_json(schema.to_json()) == schema
     assert schema.arrow_schema().names == ["a", "b", "c", "d", "e"]

@@ -12,7 +12,12 @@ import numpy as np
 import pytest
 
 import snapstore
-from snapstore.errors import AmbiguousFingerprintError, FingerprintError, SnapshotNotFoundError, StageError
+from snapstore.errors import (
+    AmbiguousFingerprintError,
+    FingerprintError,
+    SnapshotNotFoundError,
+    StageError,
+)
 
 CALLS: list[tuple] = []
 
@@ -47,7 +52,9 @@ def test_call_forms_are_equivalent(tmp_path: Path) -> None:
     a = snapstore.snapshot(stage, root=str(tmp_path))(4)
     b = snapstore.snapshot(root=str(tmp_path))(stage)(4)
     assert a.fingerprint == b.fingerprint
-    assert snapstore.snapshot(stage, root=str(tmp_path), version="v2")(4).fingerprint != a.fingerprint
+    assert (
+        snapstore.snapshot(stage, root=str(tmp_path), version="v2")(4).fingerprint != a.fingerprint
+    )
 
 
 def test_reading_materializes(tmp_path: Path) -> None:
@@ -78,7 +85,9 @@ def test_unhashable_argument_is_an_error_not_a_random_key(tmp_path: Path) -> Non
     stage = snapstore.snapshot(lambda obj: iter([{"i": 1}]), root=str(tmp_path))
     with pytest.raises(FingerprintError, match="version="):
         stage(object())
-    keyed = snapstore.snapshot(lambda obj: iter([{"i": 1}]), root=str(tmp_path), key=lambda obj: "fixed")
+    keyed = snapstore.snapshot(
+        lambda obj: iter([{"i": 1}]), root=str(tmp_path), key=lambda obj: "fixed"
+    )
     assert keyed(object()).fingerprint == keyed(object()).fingerprint
 
 
@@ -113,7 +122,13 @@ def test_same_call_same_fingerprint_in_fresh_processes(tmp_path: Path) -> None:
         cwd.mkdir()
         (cwd / "stage_mod.py").write_text(SCRIPT)
         env = {**os.environ, "PYTHONHASHSEED": seed}
-        out = subprocess.run([sys.executable, "stage_mod.py"], cwd=cwd, env=env, capture_output=True,
-                             text=True, check=True)
+        out = subprocess.run(
+            [sys.executable, "stage_mod.py"],
+            cwd=cwd,
+            env=env,
+            capture_output=True,
+            text=True,
+            check=True,
+        )
         results.append(out.stdout.strip())
     assert results[0] == results[1] and len(results[0]) == 32
