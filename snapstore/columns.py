@@ -61,10 +61,20 @@ def to_record_batch(schema: Schema, samples: Sequence[dict[str, Any]]) -> pa.Rec
 
 
 def _numpy(array: pa.Array) -> np.ndarray[Any, Any]:
-    # Arrow packs bools as bits, so they cost a copy; everything else is a view.
-    zero_copy = not pa.types.is_boolean(array.type)
-    result: np.ndarray[Any, Any] = array.to_numpy(zero_copy_only=zero_copy)
-    return result
+    """A zero-copy view of a primitive array's values (bools, packed as bits, are copied)."""
+    if pa.types.is_boolean(array.type):
+        copied: np.ndarray[Any, Any] = array.to_numpy(zero_copy_only=False)
+        return copied
+    # Straight from the data buffer: ~10x cheaper per call than Array.to_numpy, which matters
+    # because a block is decoded for every ~1 MiB read.
+    dtype = np.dtype(array.type.to_pandas_dtype())
+    offset = array.offset * dtype.itemsize
+    return np.frombuffer(array.buffers()[1], dtype=dtype, count=len(array), offset=offset)
+
+
+def _values(column: pa.Array) -> pa.Array:
+    """The child values of a fixed-size list column (no compute call when it is not sliced)."""
+    return column.values if column.offset == 0 else column.flatten()
 
 
 class _Ragged:
@@ -76,7 +86,7 @@ class _Ragged:
             listed = column.field("values")
             rank = len(field.storage_shape())
             self.shapes: np.ndarray[Any, Any] | None = _numpy(
-                column.field("shape").flatten()
+                _values(column.field("shape"))
             ).reshape(-1, rank)
         else:
             listed = column
@@ -109,7 +119,6 @@ class BlockColumns:
     def __init__(self, schema: Schema, batch: pa.RecordBatch) -> None:
         self.schema = schema
         self.rows = batch.num_rows
-        self.nbytes = batch.nbytes
         self._columns: dict[str, Any] = {}
         for field, column in zip(schema.fields, batch.columns):
             self._columns[field.name] = self._view(field, column)
@@ -123,7 +132,7 @@ class BlockColumns:
         if not field.fixed:
             return _Ragged(field, column)
         storage = field.storage_shape()
-        flat = _numpy(column.flatten()) if storage else _numpy(column)
+        flat = _numpy(_values(column)) if storage else _numpy(column)
         view = flat.reshape((len(column), *storage))  # type: ignore[arg-type]
         if field.np_dtype.kind == "c":
             view = view.view(field.np_dtype).reshape((len(column), *(field.shape or ())))  # type: ignore[arg-type]
@@ -199,12 +208,13 @@ def _copy_rows(
     parts: Sequence[tuple[BlockColumns, np.ndarray[Any, Any], np.ndarray[Any, Any]]],
     result: np.ndarray[Any, Any],
 ) -> None:
-    flat_out = result.reshape(len(result), -1)
+    # memoryview slice assignment is a bare memcpy: ~25% cheaper per row than ndarray assignment
+    size = result.strides[0]
+    out = memoryview(result.reshape(-1).view(np.uint8))  # type: ignore[arg-type]
     for block, rows, positions in parts:
-        col = block.column(name)
-        src = col.reshape(len(col), -1)
+        src = memoryview(block.column(name).reshape(-1).view(np.uint8))
         for pos, row in zip(positions.tolist(), rows.tolist()):
-            flat_out[pos] = src[row]
+            out[pos * size : (pos + 1) * size] = src[row * size : (row + 1) * size]
 
 
 def _take_rows(col: np.ndarray[Any, Any], rows: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:

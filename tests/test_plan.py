@@ -18,6 +18,7 @@ from snapstore.plan import (
     derive_key,
     permute,
     shuffle_quality,
+    window_permutation,
 )
 
 GOLDEN = Path(__file__).with_name("plan_golden.json")
@@ -42,7 +43,7 @@ def reference_order(rows: list[int], options: PlanOptions, epoch: int) -> np.nda
         members = [np.arange(offsets[b], offsets[b + 1]) for b in block_order[first : first + wb]]
         listed = np.concatenate(members)
         key = derive_key(options.seed, epoch, window, WINDOW_DOMAIN)
-        parts.append(listed[permute(np.arange(listed.size), listed.size, key)])
+        parts.append(listed[window_permutation(listed.size, key)])
     return np.concatenate(parts)
 
 
@@ -319,6 +320,7 @@ def golden_values() -> dict:
         "epoch_0_first_50": head(0),
         "epoch_1_first_50": head(1),
         "permute_20_key_12345": permute(np.arange(20), 20, 12345).tolist(),
+        "window_permutation_20_key_12345": window_permutation(20, 12345).tolist(),
         "derive_key_1_2_3": derive_key(1, 2, 3),
     }
 
@@ -362,3 +364,12 @@ def test_plan_rejects_bad_start_and_options() -> None:
         plan.chunks(-1)
     with pytest.raises(ValueError, match="expected an int >= 1, found 0"):
         PlanOptions(window_blocks=0)
+
+
+@given(n=st.integers(0, 5000), key=st.integers(-(2**70), 2**70))
+def test_window_permutation_is_a_bijection(n: int, key: int) -> None:
+    perm = window_permutation(n, key)
+    assert sorted(perm.tolist()) == list(range(n))
+    np.testing.assert_array_equal(perm, window_permutation(n, key))
+    if n >= 10:
+        assert not np.array_equal(perm, window_permutation(n, key + 1))
