@@ -65,7 +65,10 @@ def tok_lengths(n: int) -> np.ndarray:
 def tok_samples(n: int) -> Iterator[dict[str, Any]]:
     lengths = tok_lengths(n)
     rng = np.random.default_rng(2)
-    pool = np.minimum(rng.zipf(1.2, 16 * 1024 * 1024), 50_000).astype(np.int32)
+    # 4M Zipf token ids, drawn in chunks so the generator itself stays small in memory
+    pool = np.concatenate(
+        [np.minimum(rng.zipf(1.2, 1 << 20), 50_000).astype(np.int32) for _ in range(4)]
+    )
     starts = rng.integers(0, len(pool) - 1024, n)
     for i in range(n):
         yield {"tokens": pool[starts[i] : starts[i] + lengths[i]], "id": i}
@@ -181,7 +184,11 @@ def child_snap_read(workload: str, n: int, directory: str, **_: Any) -> dict[str
     key = "label" if workload == "img" else "id"
     t0 = time.perf_counter()
     plan = EpochPlan(
-        reader.index["rows"], epoch=0, rank=0, world_size=1, options=PlanOptions(shuffle=True)
+        reader.index["rows"],
+        epoch=0,
+        rank=0,
+        world_size=1,
+        options=PlanOptions(shuffle=True, window_blocks=reader.window_blocks(32 << 20)),
     )
     batches = iter(BatchReader(reader, BATCH, plan, drop_last=False))
     first = next(batches)
@@ -224,7 +231,11 @@ def child_memmap_read(
 
     reader = SnapshotReader(LocalStore(order_dir), "bench")
     plan = EpochPlan(
-        reader.index["rows"], epoch=0, rank=0, world_size=1, options=PlanOptions(shuffle=True)
+        reader.index["rows"],
+        epoch=0,
+        rank=0,
+        world_size=1,
+        options=PlanOptions(shuffle=True, window_blocks=reader.window_blocks(32 << 20)),
     )
     order = plan.order()
     reader.close()
@@ -378,7 +389,7 @@ def main() -> None:
     parser.add_argument(
         "--rss-scale", type=float, default=4.0, help="second size for the RSS check (0: skip)"
     )
-    parser.add_argument("--block-bytes", type=int, default=1 << 20)
+    parser.add_argument("--block-bytes", type=int, default=256 << 10)
     parser.add_argument(
         "--block-sizes", default="", help="comma list: run a block-size sweep instead"
     )
@@ -429,6 +440,8 @@ def sweep(sizes: dict[str, int], tmp: Path, block_sizes: list[int]) -> None:
             "read samples/s",
             "ttfb (ms)",
             "read RSS (MB)",
+            "|Spearman|",
+            "distance",
         )
     ]
     for w in ("img", "tok"):
@@ -444,6 +457,8 @@ def sweep(sizes: dict[str, int], tmp: Path, block_sizes: list[int]) -> None:
                     f"{r['snap_read']['samples'] / r['snap_read']['seconds']:,.0f}",
                     f"{1000 * r['snap_read']['ttfb']:.1f}",
                     mb(r["snap_read"]["peak_anon"]),
+                    f"{abs(r['snap_read']['spearman']):.3f}",
+                    f"{r['snap_read']['distance_ratio']:.3f}",
                 )
             )
     print("# block-size sweep\n")

@@ -15,9 +15,9 @@ import sys
 import time
 
 import numpy as np
-from snapstore.cli.main import main as snapstore_cli
 
 import snapstore
+from snapstore.cli.main import main as snapstore_cli
 
 KERNEL = np.array([1, 4, 6, 4, 1], np.float32) / 16
 

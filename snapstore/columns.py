@@ -17,7 +17,7 @@ import pyarrow as pa
 
 from .schema import Field, Schema
 
-__all__ = ["BlockColumns", "gather", "to_record_batch"]
+__all__ = ["BlockColumns", "RowCopy", "gather", "to_record_batch"]
 
 
 def _array_column(field: Field, values: list[Any]) -> pa.Array:
@@ -159,62 +159,84 @@ class BlockColumns:
 
 def gather(
     schema: Schema,
-    parts: Sequence[tuple[BlockColumns, np.ndarray[Any, Any], np.ndarray[Any, Any]]],
-    size: int,
+    blocks: Sequence[BlockColumns],
+    which: np.ndarray[Any, Any],
+    rows: np.ndarray[Any, Any],
 ) -> dict[str, Any]:
-    """Assemble a batch of ``size`` samples from rows of several blocks.
+    """Sample ``i`` is row ``rows[i]`` of ``blocks[which[i]]``: assemble them, in order.
 
-    ``parts`` holds ``(block, rows, positions)``: ``rows`` of ``block`` go to ``positions``.
-    Fixed-shape and scalar numeric fields come back stacked as one ndarray; varying-shape arrays as
-    a list of ndarrays (views into the blocks); str and bytes as lists.
+    Fixed-shape and scalar numeric fields come back stacked as one ndarray; varying-shape arrays
+    as a list of ndarrays (views into the blocks); str and bytes as lists. Called once per shuffle
+    window, so its per-call work is amortized over thousands of samples. Fields with large rows
+    come back as a :class:`RowCopy`, to be sliced and copied batch by batch: a window-sized
+    copy would be a fresh allocation of tens of MB, paid in page faults every window.
     """
     out: dict[str, Any] = {}
     for field in schema.fields:
-        first = parts[0][0].column(field.name) if parts else None
-        if isinstance(first, np.ndarray):
-            if len(parts) == 1 and np.array_equal(parts[0][2], np.arange(size)):
-                block, rows, _ = parts[0]
-                col = block.column(field.name)
-                out[field.name] = _take_rows(col, rows)
-                continue
-            result = np.empty((size, *first.shape[1:]), dtype=first.dtype)
-            if first.strides[0] >= _ROW_COPY_BYTES:
-                _copy_rows(field.name, parts, result)
-            else:
-                for block, rows, positions in parts:
-                    result[positions] = block.column(field.name)[rows]
-            out[field.name] = result
+        cols = [b.column(field.name) for b in blocks]
+        if field.kind in ("str", "bytes"):
+            out[field.name] = _gather_objects(cols, which, rows)
+        elif field.kind == "array" and not field.fixed:
+            out[field.name] = [cols[w].row(r) for w, r in zip(which.tolist(), rows.tolist())]
+        elif not cols:
+            out[field.name] = np.empty((0, *(field.shape or ())), dtype=field.np_dtype)
+        elif len(cols) == 1:
+            out[field.name] = _take_rows(cols[0], rows)
+        elif cols[0].strides[0] >= _ROW_COPY_BYTES:
+            out[field.name] = RowCopy(cols, which, rows)
         else:
-            items: list[Any] = [None] * size
-            for block, rows, positions in parts:
-                col = block.column(field.name)
-                if isinstance(col, _Ragged):
-                    values = [col.row(int(r)) for r in rows]
-                else:
-                    values = col.take(pa.array(rows)).to_pylist()
-                for pos, value in zip(positions.tolist(), values):
-                    items[pos] = value
-            out[field.name] = items
+            starts = np.cumsum([0] + [len(c) for c in cols[:-1]])
+            out[field.name] = np.concatenate(cols)[starts[which] + rows]
     return out
 
 
-# Rows at least this large are copied one by one straight into the batch: one pass over memory.
+def _gather_objects(
+    cols: list[Any], which: np.ndarray[Any, Any], rows: np.ndarray[Any, Any]
+) -> list[Any]:
+    items: list[Any] = [None] * len(rows)
+    for k, col in enumerate(cols):
+        positions = np.flatnonzero(which == k)
+        values = col.take(pa.array(rows[positions])).to_pylist()
+        for pos, value in zip(positions.tolist(), values):
+            items[pos] = value
+    return items
+
+
+# Rows at least this large are copied one by one straight into place: one pass over memory.
 # A fancy-index gather then scatter makes two, and is 2.5x slower once blocks are out of cache.
 _ROW_COPY_BYTES = 1024
 
 
+class RowCopy:
+    """Rows of several blocks, not yet copied: slice it, then :meth:`materialize` the slice."""
+
+    def __init__(
+        self,
+        cols: list[np.ndarray[Any, Any]],
+        which: np.ndarray[Any, Any],
+        rows: np.ndarray[Any, Any],
+    ) -> None:
+        self.cols, self.which, self.rows = cols, which, rows
+
+    def __getitem__(self, part: slice) -> RowCopy:
+        return RowCopy(self.cols, self.which[part], self.rows[part])
+
+    def materialize(self) -> np.ndarray[Any, Any]:
+        """The rows stacked into one new array."""
+        return _copy_rows(self.cols, self.which, self.rows)
+
+
 def _copy_rows(
-    name: str,
-    parts: Sequence[tuple[BlockColumns, np.ndarray[Any, Any], np.ndarray[Any, Any]]],
-    result: np.ndarray[Any, Any],
-) -> None:
+    cols: list[np.ndarray[Any, Any]], which: np.ndarray[Any, Any], rows: np.ndarray[Any, Any]
+) -> np.ndarray[Any, Any]:
+    result = np.empty((len(rows), *cols[0].shape[1:]), dtype=cols[0].dtype)
     # memoryview slice assignment is a bare memcpy: ~25% cheaper per row than ndarray assignment
     size = result.strides[0]
     out = memoryview(result.reshape(-1).view(np.uint8))  # type: ignore[arg-type]
-    for block, rows, positions in parts:
-        src = memoryview(block.column(name).reshape(-1).view(np.uint8))
-        for pos, row in zip(positions.tolist(), rows.tolist()):
-            out[pos * size : (pos + 1) * size] = src[row * size : (row + 1) * size]
+    sources = [memoryview(c.reshape(-1).view(np.uint8)) for c in cols]  # type: ignore[arg-type]
+    for pos, (w, row) in enumerate(zip(which.tolist(), rows.tolist())):
+        out[pos * size : (pos + 1) * size] = sources[w][row * size : (row + 1) * size]
+    return result
 
 
 def _take_rows(col: np.ndarray[Any, Any], rows: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:

@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 
 from . import format as fmt
-from .columns import BlockColumns, gather
+from .columns import BlockColumns, RowCopy, gather
 from .errors import FormatError, SnapshotNotFoundError
 from .plan import EpochPlan, PlanOptions
 from .schema import Schema
@@ -139,6 +139,19 @@ class SnapshotReader:
         """Number of blocks in the snapshot."""
         return len(self.index)
 
+    def window_blocks(self, window_bytes: int) -> int:
+        """How many of this snapshot's blocks make a shuffle window of about ``window_bytes``.
+
+        A function of the manifest alone (mean decoded block size), so the epoch order stays a
+        pure function of the snapshot and the settings.
+        """
+        if window_bytes < 1:
+            raise ValueError(
+                f"window_bytes must be a positive number of bytes, got {window_bytes!r}"
+            )
+        mean = int(self.manifest["raw_bytes"]) / max(1, self.num_blocks)
+        return max(1, int(window_bytes // max(mean, 1.0)))
+
     def load_block(self, block: int) -> BlockColumns:
         """Fetch, verify and decode one block (no caching)."""
         entry = self.index[block]
@@ -251,34 +264,41 @@ class BatchReader:
         return full + (1 if rest and not self.drop_last else 0)
 
     def __iter__(self) -> Iterator[dict[str, Any]]:
-        segments: list[tuple[np.ndarray[Any, Any], dict[int, BlockColumns]]] = []
-        filled = 0
+        # Each chunk (a shuffle window, or part of one) is gathered in one go; batches are then
+        # slices of it, zero-copy except for the one batch that straddles two chunks.
+        pieces: collections.deque[list[Any]] = collections.deque()  # [columns, start, stop]
+        buffered = 0
         for idx, decoded in self.reader.decoded_chunks(self.plan.chunks()):
-            pos = 0
-            while pos < len(idx):
-                take = min(self.batch_size - filled, len(idx) - pos)
-                segments.append((idx[pos : pos + take], decoded))
-                filled += take
-                pos += take
-                if filled == self.batch_size:
-                    yield self._assemble(segments, filled)
-                    segments, filled = [], 0
-        if filled and not self.drop_last:
-            yield self._assemble(segments, filled)
+            blocks, rows = self.reader.locate(idx)
+            unique, which = np.unique(blocks, return_inverse=True)
+            columns = gather(self.reader.schema, [decoded[int(b)] for b in unique], which, rows)
+            pieces.append([columns, 0, len(idx)])
+            buffered += len(idx)
+            while buffered >= self.batch_size:
+                yield self._take(pieces, self.batch_size)
+                buffered -= self.batch_size
+        if buffered and not self.drop_last:
+            yield self._take(pieces, buffered)
 
-    def _assemble(
-        self, segments: list[tuple[np.ndarray[Any, Any], dict[int, BlockColumns]]], size: int
-    ) -> dict[str, Any]:
-        idx = segments[0][0] if len(segments) == 1 else np.concatenate([s[0] for s in segments])
-        decoded: dict[int, BlockColumns] = {}
-        for _, d in segments:
-            decoded.update(d)
-        blocks, rows = self.reader.locate(idx)
-        order = np.argsort(blocks, kind="stable")
-        sorted_blocks = blocks[order]
-        starts = np.flatnonzero(np.r_[True, sorted_blocks[1:] != sorted_blocks[:-1]])
+    def _take(self, pieces: collections.deque[list[Any]], size: int) -> dict[str, Any]:
         parts = []
-        for start, end in zip(starts, [*starts[1:], len(order)]):
-            sel = order[start:end]
-            parts.append((decoded[int(sorted_blocks[start])], rows[sel], sel))
-        return gather(self.reader.schema, parts, size)
+        while size:
+            piece = pieces[0]
+            columns, start, stop = piece
+            count = min(size, stop - start)
+            parts.append((columns, start, start + count))
+            piece[1] += count
+            size -= count
+            if piece[1] == stop:
+                pieces.popleft()
+        batch: dict[str, Any] = {}
+        for name in self.reader.schema.names:
+            sliced = [columns[name][a:b] for columns, a, b in parts]
+            sliced = [p.materialize() if isinstance(p, RowCopy) else p for p in sliced]
+            if len(sliced) == 1:
+                batch[name] = sliced[0]
+            elif isinstance(sliced[0], np.ndarray):
+                batch[name] = np.concatenate(sliced)
+            else:
+                batch[name] = [item for part in sliced for item in part]
+        return batch

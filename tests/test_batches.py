@@ -22,7 +22,9 @@ def stage(n: int):
 
 @pytest.fixture
 def snap(store: Store):
-    s = snapstore.snapshot(stage, root=store, options=WriteOptions(block_bytes=600))(1003)
+    s = snapstore.snapshot(
+        stage, root=store, options=WriteOptions(block_min_rows=1, block_bytes=600)
+    )(1003)
     s.materialize()
     yield s
     s.close()

@@ -37,7 +37,9 @@ def test_exception_in_stage_leaves_nothing_and_rerun_succeeds(store: Store) -> N
                 raise ValueError("decode failed")
             yield {"x": np.full(1000, i, np.int64)}
 
-    snap = snapstore.snapshot(stage, root=store, options=WriteOptions(block_bytes=8000))(100)
+    snap = snapstore.snapshot(
+        stage, root=store, options=WriteOptions(block_min_rows=1, block_bytes=8000)
+    )(100)
     with pytest.raises(ValueError, match="decode failed") as info:
         snap.materialize()
     assert any("nothing was committed" in note for note in getattr(info.value, "__notes__", []))
@@ -84,7 +86,7 @@ KILL_SCRIPT = textwrap.dedent(
                 print("WRITING", flush=True)
             yield {"x": np.full(2048, i, np.int32)}
 
-    options = WriteOptions(block_bytes=16384, shard_bytes=65536)
+    options = WriteOptions(block_min_rows=1, block_bytes=16384, shard_bytes=65536)
     stage = snapstore.snapshot(slow, root=sys.argv[1], options=options)
     snap = stage(10**9 if sys.argv[2] == "forever" else 2000)
     print(snap.fingerprint, flush=True)

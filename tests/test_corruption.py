@@ -19,7 +19,7 @@ from snapstore.writer import SnapshotWriter, WriteOptions
 def written(tmp_path):
     store = LocalStore(tmp_path / "snaps")
     writer = SnapshotWriter(
-        store, "fp", options=WriteOptions(block_bytes=4096, compression_level=0)
+        store, "fp", options=WriteOptions(block_min_rows=1, block_bytes=4096, compression_level=0)
     )
     for i in range(200):
         writer.add({"x": np.full(256, i, np.int32)})

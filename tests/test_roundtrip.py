@@ -36,6 +36,7 @@ DTYPES = [
 def write(
     store: Store, samples: list[dict[str, Any]], schema: Schema | None = None, **options: Any
 ) -> SnapshotReader:
+    options.setdefault("block_min_rows", 1)
     writer = SnapshotWriter(store, "fp", schema=schema, options=WriteOptions(**options))
     for sample in samples:
         writer.add(sample)

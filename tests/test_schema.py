@@ -18,7 +18,7 @@ def write_all(
     store: Store, samples: list[Any], schema: Schema | None = None, block_bytes: int = 1 << 20
 ) -> None:
     writer = SnapshotWriter(
-        store, "fp", schema=schema, options=WriteOptions(block_bytes=block_bytes)
+        store, "fp", schema=schema, options=WriteOptions(block_min_rows=1, block_bytes=block_bytes)
     )
     try:
         for s in samples:

@@ -1,0 +1,116 @@
+"""The snapstore command line, through click's CliRunner."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from click.testing import CliRunner
+
+import snapstore
+from snapstore.cli.main import human_bytes, main
+
+
+def stage(n: int):
+    for i in range(n):
+        yield {"x": np.full((4, 4), i, np.float32), "label": i, "text": f"t{i}"}
+
+
+@pytest.fixture
+def root(tmp_path: Path) -> str:
+    return str(tmp_path / "root")
+
+
+@pytest.fixture
+def snap(root: str) -> snapstore.Snapshot:
+    return snapstore.snapshot(stage, root=root)(20).materialize()
+
+
+def run(*args: str, env: dict[str, str] | None = None) -> tuple[int, str]:
+    result = CliRunner().invoke(main, list(args), env=env, catch_exceptions=False)
+    return result.exit_code, result.output
+
+
+def test_ls_table_and_json(root: str, snap: snapstore.Snapshot) -> None:
+    code, out = run("--root", root, "ls")
+    assert code == 0
+    assert snap.fingerprint[:12] in out and "test_cli.stage" in out and "committed" in out
+    assert "FINGERPRINT" in out and "1 snapshot(s)" in out
+    code, out = run("--root", root, "ls", "--json")
+    data = json.loads(out)
+    assert data["snapshots"][0]["fingerprint"] == snap.fingerprint
+    assert data["snapshots"][0]["samples"] == 20 and data["snapshots"][0]["state"] == "committed"
+
+
+def test_root_from_environment(root: str, snap: snapstore.Snapshot) -> None:
+    code, out = run("ls", env={"SNAPSTORE_ROOT": root})
+    assert code == 0 and snap.fingerprint[:12] in out
+
+
+def test_ls_empty_root(root: str) -> None:
+    code, out = run("--root", root, "ls")
+    assert code == 0 and "no snapshots" in out
+
+
+def test_ls_shows_incomplete_runs(root: str) -> None:
+    (Path(root) / "abcdef" / "runs" / "r1").mkdir(parents=True)
+    (Path(root) / "abcdef" / "runs" / "r1" / "shard-00000.snap").write_bytes(b"x" * 100)
+    code, out = run("--root", root, "ls")
+    assert code == 0 and "incomplete" in out and "abcdef" in out
+
+
+def test_info_by_prefix(root: str, snap: snapstore.Snapshot) -> None:
+    code, out = run("--root", root, "info", snap.fingerprint[:8])
+    assert code == 0
+    assert snap.fingerprint in out and "samples      20" in out
+    assert "float32[4,4]" in out and "label" in out and "arguments" in out
+    code, out = run("--root", root, "info", snap.fingerprint, "--json")
+    info = json.loads(out)
+    assert info["samples"] == 20 and info["schema"][0]["shape"] == [4, 4]
+    assert set(info["fingerprint_parts"]) >= {"code", "arguments", "format", "version"}
+
+
+def test_info_unknown_fingerprint(root: str, snap: snapstore.Snapshot) -> None:
+    code, out = run("--root", root, "info", "zzzz")
+    assert code == 1 and "no committed snapshot matches 'zzzz'" in out
+
+
+def test_info_reports_corruption(root: str, snap: snapstore.Snapshot) -> None:
+    run_dir = next((Path(root) / snap.fingerprint / "runs").iterdir())
+    (run_dir / "manifest.json").write_text("{}")
+    code, out = run("--root", root, "info", snap.fingerprint)
+    assert code == 1 and "corrupt" in out
+
+
+def test_rm_dry_run_then_rm(root: str, snap: snapstore.Snapshot) -> None:
+    code, out = run("--root", root, "rm", "--dry-run", snap.fingerprint[:10])
+    assert code == 0 and "would remove" in out and snap.committed
+    code, out = run("--root", root, "rm", snap.fingerprint[:10])
+    assert code == 0 and f"removed {snap.fingerprint}" in out and "freed" in out
+    assert not snap.committed and not (Path(root) / snap.fingerprint).exists()
+    code, out = run("--root", root, "rm", snap.fingerprint)
+    assert code == 1 and "no committed snapshot" in out
+
+
+def test_human_bytes() -> None:
+    assert human_bytes(0) == "0 B"
+    assert human_bytes(1536) == "1.5 KiB"
+    assert human_bytes(3 * 2**30) == "3.0 GiB"
+
+
+def test_installed_command_runs(root: str, snap: snapstore.Snapshot, tmp_path: Path) -> None:
+    """The console script is installed, and installing puts no module named `cli` on the path."""
+    exe = shutil.which("snapstore")
+    if exe is None:
+        pytest.skip("the snapstore console script is not installed (pip install -e .)")
+    out = subprocess.run([exe, "--root", root, "ls"], capture_output=True, text=True, check=True)
+    assert snap.fingerprint[:12] in out.stdout
+    probe = subprocess.run(
+        [sys.executable, "-c", "import cli"], cwd=tmp_path, capture_output=True, text=True
+    )
+    assert probe.returncode != 0 and "No module named 'cli'" in probe.stderr
