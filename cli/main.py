@@ -53,12 +53,18 @@ class Context:
         return self._store
 
 
-def _fail(exc: Exception) -> None:
-    click.echo(f"error: {exc}", err=True)
-    sys.exit(1)
+class _Group(click.Group):
+    """Turns snapstore's errors into one line on stderr and exit status 1, not a traceback."""
+
+    def invoke(self, ctx: click.Context) -> Any:
+        try:
+            return super().invoke(ctx)
+        except SnapstoreError as exc:
+            click.echo(f"error: {exc}", err=True)
+            sys.exit(1)
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.group(cls=_Group, context_settings={"help_option_names": ["-h", "--help"]})
 @click.option(
     "--root",
     envvar="SNAPSTORE_ROOT",
@@ -79,10 +85,7 @@ def main(ctx: click.Context, root: str | None, verbose: bool) -> None:
 @click.pass_obj
 def ls_command(obj: Context, as_json: bool) -> None:
     """List the snapshots under the root."""
-    try:
-        infos = list_snapshots(obj.store)
-    except SnapstoreError as exc:
-        _fail(exc)
+    infos = list_snapshots(obj.store)
     if as_json:
         click.echo(json.dumps({"root": obj.store.url, "snapshots": infos}, indent=2))
         return
@@ -105,25 +108,14 @@ def ls_command(obj: Context, as_json: bool) -> None:
     click.echo(f"{len(infos)} snapshot(s), {human_bytes(total)} under {obj.store.url}")
 
 
-def _resolve(obj: Context, prefix: str) -> str:
-    try:
-        return resolve_fingerprint(obj.store, prefix)
-    except SnapstoreError as exc:
-        _fail(exc)
-        raise  # unreachable; keeps type checkers content
-
-
 @main.command("info")
 @click.argument("fingerprint")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON instead of text.")
 @click.pass_obj
 def info_command(obj: Context, fingerprint: str, as_json: bool) -> None:
     """Show one snapshot: schema, counts, sizes, fingerprint parts."""
-    info = describe(obj.store, _resolve(obj, fingerprint))
-    if as_json:
-        click.echo(json.dumps(info, indent=2))
-        return
-    click.echo(_format_info(info))
+    info = describe(obj.store, resolve_fingerprint(obj.store, fingerprint, committed_only=False))
+    click.echo(json.dumps(info, indent=2) if as_json else _format_info(info))
     if info["state"] != "committed":
         sys.exit(1)
 
@@ -163,10 +155,10 @@ def _format_info(info: dict[str, Any]) -> str:
 @click.option("--dry-run", is_flag=True, help="Show what would be removed, remove nothing.")
 @click.pass_obj
 def rm_command(obj: Context, fingerprints: tuple[str, ...], dry_run: bool) -> None:
-    """Remove snapshots (by fingerprint or unique prefix)."""
+    """Remove snapshots, committed or left incomplete (by fingerprint or unique prefix)."""
+    resolved = [resolve_fingerprint(obj.store, p, committed_only=False) for p in fingerprints]
     total = 0
-    for prefix in fingerprints:
-        fp = _resolve(obj, prefix)
+    for fp in dict.fromkeys(resolved):  # all names resolve before anything is removed
         freed = describe(obj.store, fp)["bytes"] if dry_run else remove_snapshot(obj.store, fp)
         total += freed
         click.echo(f"{'would remove' if dry_run else 'removed'} {fp}  {human_bytes(freed)}")

@@ -56,8 +56,10 @@ def describe(store: Store, fingerprint: str) -> dict[str, Any]:
 
 
 def list_snapshots(store: Store) -> list[dict[str, Any]]:
-    """Summaries of every fingerprint directory under the root, sorted by fingerprint."""
-    return [describe(store, name) for name in store.list_dir("") if store.is_dir(name)]
+    """Summaries of every snapshot directory (committed or not) under the root, by fingerprint."""
+    from .snapshot import list_fingerprints
+
+    return [describe(store, name) for name in list_fingerprints(store, committed_only=False)]
 
 
 def remove_snapshot(store: Store, fingerprint: str) -> int:

@@ -11,7 +11,7 @@ clauses keep working::
     ├── AmbiguousFingerprintError(SnapstoreError, KeyError)
     ├── FormatError(SnapstoreError, ValueError)       a file is not what the format says
     │   └── CorruptBlockError                         a block's checksum does not match
-    ├── StageError(SnapstoreError, RuntimeError)      the user's stage raised; nothing committed
+    ├── StageError(SnapstoreError, RuntimeError)      the stage did not return samples
     └── StoreError(SnapstoreError, OSError)           the storage backend failed
 
 Messages say what was expected, what was found and what to do about it.
@@ -77,7 +77,11 @@ class CorruptBlockError(FormatError):
 
 
 class StageError(SnapstoreError, RuntimeError):
-    """The user's stage raised while the snapshot was being written; nothing was committed."""
+    """The stage did not return an iterable of samples.
+
+    An exception raised *inside* the stage propagates unchanged (with a note saying that
+    nothing was committed), so ``except ValueError`` in user code keeps working.
+    """
 
 
 class StoreError(SnapstoreError, OSError):

@@ -42,6 +42,9 @@ __all__ = [
 
 FORMAT_VERSION = 1
 SHARD_MAGIC = b"SNAPSHD1"
+# Blocks start at multiples of this offset in a shard (zero padding between), so a raw block's
+# buffers, viewed in place through a memory map, are aligned for every dtype.
+BLOCK_ALIGNMENT = 64
 SHARD_FOOTER_MAGIC = b"SNAPSFT1"
 INDEX_MAGIC = b"SNAPIDX1"
 COMMIT_NAME = "COMMIT"
@@ -65,7 +68,7 @@ INDEX_DTYPE = np.dtype(
     ]
 )
 
-_SAFE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,200}$")
+_SAFE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,200}")
 
 
 def checksum(data: Any) -> int:
@@ -73,14 +76,19 @@ def checksum(data: Any) -> int:
     return zlib.crc32(data) & 0xFFFFFFFF
 
 
+def is_plain_name(name: Any) -> bool:
+    """True for one safe path component: letters, digits, '.', '_', '-', and no '..'."""
+    return isinstance(name, str) and bool(_SAFE_NAME.fullmatch(name)) and ".." not in name
+
+
 def check_name(name: Any, what: str) -> str:
     """Validate a file name read from a manifest: one path component, no traversal."""
-    if not isinstance(name, str) or not _SAFE_NAME.match(name) or ".." in name:
+    if not is_plain_name(name):
         raise FormatError(
             f"{what} {name!r} is not a plain file name inside the snapshot; expected letters, "
             "digits, '.', '_' or '-'. The manifest is corrupt or was not written by snapstore."
         )
-    return name
+    return str(name)
 
 
 @dataclass(frozen=True)
@@ -147,11 +155,15 @@ def decode_block(data: Any, entry: np.void, schema: pa.Schema, shard: str) -> pa
         raise corrupt(f"checksum mismatch (expected {int(entry['checksum']):#010x})")
     codec = int(entry["codec"])
     try:
+        raw_length = int(entry["raw_length"])
         if codec == CODEC_ZSTD:
-            raw_length = int(entry["raw_length"])
             data = zstandard.ZstdDecompressor().decompress(data, max_output_size=raw_length)
+            if len(data) != raw_length:
+                raise corrupt(f"decompressed to {len(data)} bytes, expected {raw_length}")
         elif codec != CODEC_RAW:
             raise corrupt(f"unknown codec {codec}")
+        elif raw_length != length:
+            raise corrupt(f"raw block of {length} bytes claims {raw_length} decoded bytes")
         buffer = data if isinstance(data, pa.Buffer) else pa.py_buffer(data)
         batch = pa.ipc.read_record_batch(buffer, schema)
     except (zstandard.ZstdError, pa.ArrowException) as exc:

@@ -129,6 +129,12 @@ class SnapshotReader:
             raise FormatError(
                 f"block index {where} points outside the snapshot's shards; it is corrupt"
             )
+        per_shard = [int(s.get("blocks", -1)) for s in self.manifest["shards"]]
+        if len(index) != int(self.manifest["num_blocks"]) or sum(per_shard) != len(index):
+            raise FormatError(
+                f"block index {where} holds {len(index)} blocks but the manifest counts "
+                f"{self.manifest['num_blocks']} ({sum(per_shard)} in its shards); it is corrupt"
+            )
         return index
 
     def __len__(self) -> int:
@@ -156,9 +162,14 @@ class SnapshotReader:
         """Fetch, verify and decode one block (no caching)."""
         entry = self.index[block]
         shard = self.shards[int(entry["shard"])]
-        data = self.store.read_range(
-            f"{self.run_dir}/{shard}", int(entry["offset"]), int(entry["length"])
-        )
+        path = f"{self.run_dir}/{shard}"
+        try:
+            data = self.store.read_range(path, int(entry["offset"]), int(entry["length"]))
+        except FileNotFoundError as exc:
+            raise FormatError(
+                f"shard {self.store.join(path)} of committed snapshot {self.fingerprint} is "
+                "missing; the snapshot is damaged: remove it with `snapstore rm` and rebuild it"
+            ) from exc
         batch = fmt.decode_block(data, entry, self._arrow_schema, f"{self.run_dir}/{shard}")
         return BlockColumns(self.schema, batch)
 

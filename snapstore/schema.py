@@ -53,11 +53,33 @@ _DECLARE_HINT = (
 )
 
 
+# Every dtype Arrow can store natively (complex as pairs of its float parts).
+_SUPPORTED_DTYPES = frozenset(
+    [
+        "bool",
+        "int8",
+        "int16",
+        "int32",
+        "int64",
+        "uint8",
+        "uint16",
+        "uint32",
+        "uint64",
+        "float16",
+        "float32",
+        "float64",
+        "complex64",
+        "complex128",
+    ]
+)
+
+
 def _check_dtype(dtype: np.dtype[Any], name: str) -> np.dtype[Any]:
-    if dtype.kind not in "biufc":
+    if dtype.kind not in "biufc" or dtype.name not in _SUPPORTED_DTYPES:
         raise SchemaError(
-            f"field {name!r}: numpy dtype {dtype} is not supported; expected an integer, unsigned, "
-            "float, complex or bool dtype. Convert strings to str/bytes and objects to arrays."
+            f"field {name!r}: numpy dtype {dtype} is not supported; expected one of "
+            f"{', '.join(sorted(_SUPPORTED_DTYPES))}. Convert strings to str/bytes, objects to "
+            "arrays, and extended precision (float128) to float64."
         )
     return dtype.newbyteorder("=") if dtype.byteorder not in "=|" else dtype
 

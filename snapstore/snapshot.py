@@ -267,11 +267,10 @@ class Stage:
                 writer.add(sample)
         except BaseException as exc:
             writer.abort()
-            if hasattr(exc, "add_note"):
-                exc.add_note(
-                    f"snapstore: stage {self.name} failed after {writer.samples_written} "
-                    f"samples; nothing was committed for {snap.fingerprint}."
-                )
+            exc.add_note(
+                f"snapstore: stage {self.name} failed after {writer.samples_written} "
+                f"samples; nothing was committed for {snap.fingerprint}."
+            )
             raise
         writer.commit()
 
@@ -331,32 +330,51 @@ def snapshot(fn: F | None = None, **settings: Any) -> Stage | Callable[[F], Stag
     return Stage(fn, **settings)
 
 
-def list_fingerprints(store: Store) -> list[str]:
-    """Fingerprints with a commit record under ``store`` (for tools; readers never list)."""
-    return [name for name in store.list_dir("") if store.exists(f"{name}/{fmt.COMMIT_NAME}")]
+def list_fingerprints(store: Store, *, committed_only: bool = True) -> list[str]:
+    """Snapshot directories under ``store`` (for tools; readers never list).
+
+    With ``committed_only`` false, directories holding only runs (being written, or left by a
+    crash) are included too.
+    """
+    names = [n for n in store.list_dir("") if fmt.is_plain_name(n)]
+    if committed_only:
+        return [n for n in names if store.exists(f"{n}/{fmt.COMMIT_NAME}")]
+    return [n for n in names if store.exists(f"{n}/{fmt.COMMIT_NAME}") or store.exists(f"{n}/runs")]
 
 
-def resolve_fingerprint(store: Store, prefix: str) -> str:
-    """The full fingerprint of a committed snapshot from a unique prefix.
+def resolve_fingerprint(store: Store, prefix: str, *, committed_only: bool = True) -> str:
+    """The full fingerprint of a snapshot from a unique prefix.
 
     Raises
     ------
     SnapshotNotFoundError
-        If nothing matches.
+        If nothing matches (or ``prefix`` is not a plain name, such as ``../x``).
     AmbiguousFingerprintError
         If several snapshots match.
     """
-    if store.exists(f"{prefix}/{fmt.COMMIT_NAME}"):
-        return prefix
-    matches = [fp for fp in list_fingerprints(store) if fp.startswith(prefix)] if prefix else []
-    if not matches:
+    if not fmt.is_plain_name(prefix):
         raise SnapshotNotFoundError(
-            f"no committed snapshot matches {prefix!r} under {store.url}; `snapstore ls` lists them"
+            f"{prefix!r} is not a fingerprint: expected the hex digits `snapstore ls` shows"
+        )
+    if store.exists(f"{prefix}/{fmt.COMMIT_NAME}"):
+        return prefix  # a full fingerprint: no listing needed
+    matches = [
+        fp
+        for fp in list_fingerprints(store, committed_only=committed_only)
+        if fp.startswith(prefix)
+    ]
+    if prefix in matches:
+        return prefix
+    if not matches:
+        kind = "committed snapshot" if committed_only else "snapshot"
+        raise SnapshotNotFoundError(
+            f"no {kind} matches {prefix!r} under {store.url}; `snapstore ls` lists them"
         )
     if len(matches) > 1:
+        shown = ", ".join(m[:12] for m in matches[:5]) + (", ..." if len(matches) > 5 else "")
         raise AmbiguousFingerprintError(
-            f"{prefix!r} matches {len(matches)} snapshots under {store.url} "
-            f"({', '.join(m[:12] for m in matches[:5])}...); give more characters"
+            f"{prefix!r} matches {len(matches)} snapshots under {store.url} ({shown}); "
+            "give more characters"
         )
     return matches[0]
 

@@ -106,7 +106,7 @@ class Store(ABC):
         """Remove a file or directory tree; a missing path is not an error."""
 
     def write_bytes(self, path: str, data: bytes) -> None:
-        """Write a whole file (overwriting)."""
+        """Write a whole new file (data files are never overwritten)."""
         with self.open_write(path) as f:
             f.write(data)
 
@@ -121,6 +121,9 @@ class Store(ABC):
     @abstractmethod
     def is_dir(self, path: str) -> bool:
         """Whether ``path`` is a directory."""
+
+    def sync_dir(self, path: str) -> None:  # noqa: B027 - only local filesystems need it
+        """Make a directory's entries durable before something refers to them."""
 
     def close(self) -> None:  # noqa: B027 - optional hook, most stores hold nothing
         """Release open handles (memory maps, connections)."""
@@ -209,6 +212,10 @@ class LocalStore(Store):
             finally:
                 os.close(fd)
 
+    def sync_dir(self, path: str) -> None:
+        with _translated("sync", self.join(path)):
+            self._fsync_dir(self._path(path))
+
     def create_if_absent(self, path: str, data: bytes) -> bool:
         target = self._path(path)
         tmp = target.with_name(f".{target.name}.{secrets.token_hex(6)}.tmp")
@@ -219,7 +226,10 @@ class LocalStore(Store):
             try:
                 os.link(tmp, target)  # fails with EEXIST if the name is taken: atomic
             except FileExistsError:
-                return False
+                # On NFS a retransmitted link() can report EEXIST although it succeeded: the
+                # record is ours if it holds our bytes (records name a unique run, so no other
+                # writer's record can be equal).
+                return target.read_bytes() == data
             finally:
                 tmp.unlink()
             self._fsync_dir(target.parent)
@@ -259,6 +269,9 @@ class LocalStore(Store):
             self._maps.clear()  # each mapping is released with the last block that views it
 
 
+_CREATE_LOCK = threading.Lock()
+
+
 class FsspecStore(Store):
     """A store on any fsspec filesystem (memory, and the object stores of later releases).
 
@@ -296,7 +309,10 @@ class FsspecStore(Store):
             return handle
 
     def create_if_absent(self, path: str, data: bytes) -> bool:
-        with _translated("commit", self.join(path)):
+        # fsspec's generic mode="create" is exists() then write; the lock makes it atomic among
+        # this process's threads (enough for the memory filesystem). Across processes it is only
+        # as atomic as the backend's create (see docs/guide.md, "Backends").
+        with _translated("commit", self.join(path)), _CREATE_LOCK:
             parent = self._path(path).rsplit("/", 1)[0]
             self.fs.makedirs(parent, exist_ok=True)
             try:
@@ -358,7 +374,7 @@ def open_store(root: str | os.PathLike[str] | Store | None = None, **storage_opt
 
     try:
         fs, path = fsspec.core.url_to_fs(text, **storage_options)
-    except (ImportError, ValueError) as exc:
+    except (ImportError, ValueError, OSError) as exc:
         raise StoreError(
             f"cannot open store {text!r}: {exc}. Install the extra for its protocol, e.g. "
             "pip install 'snapstore[gcs]' or 'snapstore[s3]'."

@@ -101,8 +101,9 @@ class WriteOptions:
 
 def new_run_id() -> str:
     """A run name unique per writer attempt: time, host, pid and random bits."""
-    stamp = dt.datetime.now(dt.timezone.utc).strftime("%Y%m%dT%H%M%S")
-    host = "".join(c for c in socket.gethostname().split(".")[0] if c.isalnum())[:20] or "host"
+    stamp = dt.datetime.now(dt.UTC).strftime("%Y%m%dT%H%M%S")
+    short = socket.gethostname().split(".")[0]
+    host = "".join(c for c in short if c.isascii() and c.isalnum())[:20] or "host"
     return f"{stamp}-{host}-{os.getpid()}-{secrets.token_hex(4)}"
 
 
@@ -157,6 +158,8 @@ class SnapshotWriter:
         progress: ProgressCallback | None = None,
     ) -> None:
         self.store = store
+        if not fmt.is_plain_name(fingerprint):
+            raise ValueError(f"fingerprint {fingerprint!r} is not a plain directory name")
         self.fingerprint = fingerprint
         self.options = options or WriteOptions()
         self.run = new_run_id()
@@ -250,6 +253,10 @@ class SnapshotWriter:
             self._shards.append({"path": name})
             self._shard_size = len(fmt.SHARD_MAGIC)
             self._shard_blocks = 0
+        padding = -self._shard_size % fmt.BLOCK_ALIGNMENT
+        if padding:
+            self._shard.write(bytes(padding))
+            self._shard_size += padding
         self._shard.write(block.data)
         self._entries.append(
             (
@@ -296,7 +303,7 @@ class SnapshotWriter:
             "format_version": fmt.FORMAT_VERSION,
             "fingerprint": self.fingerprint,
             "run": self.run,
-            "created_at": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+            "created_at": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
             "host": socket.gethostname(),
             "pid": os.getpid(),
             "schema": schema.to_json(),
@@ -332,12 +339,14 @@ class SnapshotWriter:
             self.store.write_bytes(f"{self.run_dir}/{fmt.INDEX_NAME}", index_bytes)
             manifest = fmt.dump_json(self._manifest(index, index_bytes))
             self.store.write_bytes(f"{self.run_dir}/{fmt.MANIFEST_NAME}", manifest)
+            self.store.sync_dir(self.run_dir)  # the run's files are durable before the commit
+            self.store.sync_dir(f"{self.fingerprint}/runs")
             record = fmt.CommitRecord(
                 fingerprint=self.fingerprint,
                 run=self.run,
                 manifest_size=len(manifest),
                 manifest_checksum=fmt.checksum(manifest),
-                committed_at=dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+                committed_at=dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
             )
             won = self.store.create_if_absent(
                 f"{self.fingerprint}/{fmt.COMMIT_NAME}", record.to_bytes()

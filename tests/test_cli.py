@@ -77,7 +77,7 @@ def test_info_by_prefix(root: str, snap: snapstore.Snapshot) -> None:
 
 def test_info_unknown_fingerprint(root: str, snap: snapstore.Snapshot) -> None:
     code, out = run("--root", root, "info", "zzzz")
-    assert code == 1 and "no committed snapshot matches 'zzzz'" in out
+    assert code == 1 and "no snapshot matches 'zzzz'" in out
 
 
 def test_info_reports_corruption(root: str, snap: snapstore.Snapshot) -> None:
@@ -94,7 +94,7 @@ def test_rm_dry_run_then_rm(root: str, snap: snapstore.Snapshot) -> None:
     assert code == 0 and f"removed {snap.fingerprint}" in out and "freed" in out
     assert not snap.committed and not (Path(root) / snap.fingerprint).exists()
     code, out = run("--root", root, "rm", snap.fingerprint)
-    assert code == 1 and "no committed snapshot" in out
+    assert code == 1 and "no snapshot matches" in out
 
 
 def test_human_bytes() -> None:
@@ -114,3 +114,41 @@ def test_installed_command_runs(root: str, snap: snapstore.Snapshot, tmp_path: P
         [sys.executable, "-c", "import cli"], cwd=tmp_path, capture_output=True, text=True
     )
     assert probe.returncode != 0 and "No module named 'cli'" in probe.stderr
+
+
+def test_rm_refuses_paths_outside_the_root(
+    root: str, snap: snapstore.Snapshot, tmp_path: Path
+) -> None:
+    victim = tmp_path / "victim"
+    victim.mkdir()
+    (victim / "COMMIT").write_text("{}")
+    for name in ("../victim", "/tmp", "a/b", ".."):
+        code, out = run("--root", root, "rm", name)
+        assert code == 1 and "is not a fingerprint" in out
+    assert (victim / "COMMIT").exists()
+
+
+def test_rm_resolves_every_name_before_removing(root: str, snap: snapstore.Snapshot) -> None:
+    code, out = run("--root", root, "rm", snap.fingerprint, "ffff")
+    assert code == 1 and "no snapshot matches 'ffff'" in out
+    assert snap.committed  # nothing was removed
+
+
+def test_incomplete_runs_can_be_inspected_and_removed(root: str) -> None:
+    run_dir = Path(root) / "abcdef" / "runs" / "r1"
+    run_dir.mkdir(parents=True)
+    (run_dir / "shard-00000.snap").write_bytes(b"x" * 100)
+    (Path(root) / "not-a-snapshot").mkdir()
+    code, out = run("--root", root, "ls")
+    assert "not-a-snapshot" not in out
+    code, out = run("--root", root, "info", "abc", "--json")
+    assert code == 1 and json.loads(out)["state"] == "incomplete"
+    code, out = run("--root", root, "rm", "abc")
+    assert code == 0 and not (Path(root) / "abcdef").exists()
+
+
+def test_store_errors_are_one_line(tmp_path: Path) -> None:
+    blocker = tmp_path / "file"
+    blocker.write_text("not a directory")
+    code, out = run("--root", str(blocker / "sub"), "info", "abc")
+    assert code == 1 and "Traceback" not in out and out.startswith("error:")

@@ -113,3 +113,35 @@ def test_foreign_directory_is_not_a_snapshot(tmp_path) -> None:
 def test_foreign_index_is_refused() -> None:
     with pytest.raises(FormatError, match="bad magic"):
         fmt.read_index(b"PK\x03\x04" + b"\0" * 40, "index.bin")
+
+
+def test_missing_shard_is_a_format_error(written) -> None:
+    store, run_dir = written
+    (store.root / run_dir / "shard-00000.snap").unlink()
+    reader = SnapshotReader(store, "fp")
+    with pytest.raises(FormatError, match="is missing"):
+        reader.load_block(0)
+
+
+def test_name_with_trailing_newline_is_refused() -> None:
+    with pytest.raises(FormatError):
+        fmt.check_name("shard-00000.snap\n", "shard")
+
+
+def test_raw_length_is_checked(written) -> None:
+    store, _ = written
+    reader = SnapshotReader(store, "fp")
+    entry = reader.index[0].copy()
+    entry["raw_length"] = int(entry["length"]) + 1
+    data = reader.store.read_range(
+        f"{reader.run_dir}/{reader.shards[0]}", int(entry["offset"]), int(entry["length"])
+    )
+    with pytest.raises(CorruptBlockError, match="claims"):
+        fmt.decode_block(data, entry, reader.schema.arrow_schema(), "shard")
+
+
+def test_blocks_are_aligned(written) -> None:
+    store, _ = written
+    reader = SnapshotReader(store, "fp")
+    assert all(int(o) % fmt.BLOCK_ALIGNMENT == 0 for o in reader.index["offset"])
+    assert reader.load_block(3).column("x").flags.aligned

@@ -79,6 +79,7 @@ def test_varying_shapes_in_first_block_are_inferred() -> None:
         (np.array(["a", "b"]), ["<U1", "not supported"]),
         (np.array([1, None], dtype=object), ["object", "not supported"]),
         (2**70, ["does not fit in 64 bits"]),
+        (np.zeros(2, np.longdouble), ["float128", "not supported"]),
     ],
 )
 def test_unsupported_values_are_refused(store: Store, value: Any, words: list[str]) -> None:
