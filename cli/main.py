@@ -1,4 +1,4 @@
-"""``snapstore``: list, inspect and remove snapshots.
+"""``snapstore``: list, inspect, compare and remove snapshots.
 
 Every command takes ``--root`` (default ``$SNAPSTORE_ROOT``, else the per-user cache directory)
 and prints a human table, or JSON with ``--json``.
@@ -13,7 +13,7 @@ from typing import Any
 
 import click
 
-from snapstore.catalog import describe, list_snapshots, remove_snapshot
+from snapstore.catalog import describe, diff_snapshots, list_snapshots, remove_snapshot
 from snapstore.errors import SnapstoreError
 from snapstore.snapshot import resolve_fingerprint
 from snapstore.store import Store, default_root, open_store
@@ -148,6 +148,24 @@ def _format_info(info: dict[str, Any]) -> str:
     for name, digest in sorted(info["fingerprint_parts"].items()):
         lines.append(f"  {name:<20} {digest[:16]}")
     return "\n".join(lines)
+
+
+@main.command("diff")
+@click.argument("old")
+@click.argument("new")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON instead of text.")
+@click.pass_obj
+def diff_command(obj: Context, old: str, new: str, as_json: bool) -> None:
+    """Say why NEW's fingerprint differs from OLD's, part by part."""
+    a = resolve_fingerprint(obj.store, old)
+    b = resolve_fingerprint(obj.store, new)
+    result = diff_snapshots(obj.store, a, b)
+    if as_json:
+        click.echo(json.dumps(result, indent=2))
+        return
+    click.echo(f"{a[:12]} -> {b[:12]}")
+    for sentence in result["differences"] or ["no fingerprint part differs"]:
+        click.echo(f"  {sentence}")
 
 
 @main.command("rm")

@@ -10,10 +10,18 @@ from typing import Any
 
 from . import format as fmt
 from .errors import FormatError
+from .fingerprint import Fingerprint, diff_parts
 from .reader import load_manifest
 from .store import Store
 
-__all__ = ["describe", "list_snapshots", "remove_snapshot"]
+__all__ = [
+    "describe",
+    "diff_snapshots",
+    "list_snapshots",
+    "previous_of_stage",
+    "remove_snapshot",
+    "stored_fingerprint",
+]
 
 
 def describe(store: Store, fingerprint: str) -> dict[str, Any]:
@@ -74,3 +82,49 @@ def remove_snapshot(store: Store, fingerprint: str) -> int:
         store.remove_tree(commit)
     store.remove_tree(fingerprint)
     return freed
+
+
+def stored_fingerprint(store: Store, fingerprint: str) -> Fingerprint:
+    """The fingerprint (digest, parts, details) recorded in a committed snapshot's manifest."""
+    manifest = load_manifest(store, fingerprint)
+    return Fingerprint(
+        fingerprint,
+        dict(manifest.get("fingerprint_parts") or {}),
+        dict(manifest.get("fingerprint_details") or {}),
+    )
+
+
+def diff_snapshots(store: Store, a: str, b: str) -> dict[str, Any]:
+    """Why snapshot ``b``'s fingerprint differs from ``a``'s, part by part.
+
+    Returns
+    -------
+    dict
+        ``{"a", "b", "differences": [sentences], "parts": {name: {"a", "b", "same"}}}``.
+    """
+    fa, fb = stored_fingerprint(store, a), stored_fingerprint(store, b)
+    names = sorted(set(fa.parts) | set(fb.parts))
+    parts = {
+        n: {"a": fa.parts.get(n), "b": fb.parts.get(n), "same": fa.parts.get(n) == fb.parts.get(n)}
+        for n in names
+    }
+    return {"a": a, "b": b, "differences": diff_parts(fa, fb), "parts": parts}
+
+
+def previous_of_stage(store: Store, stage: str, exclude: str) -> str | None:
+    """The most recently created committed snapshot of ``stage`` other than ``exclude``."""
+    from .snapshot import list_fingerprints
+
+    best: tuple[str, str] | None = None
+    for fp in list_fingerprints(store):
+        if fp == exclude:
+            continue
+        try:
+            manifest = load_manifest(store, fp)
+        except FormatError:
+            continue  # a damaged snapshot explains nothing; `snapstore verify` reports it
+        if manifest.get("stage") == stage:
+            created = str(manifest.get("created_at", ""))
+            if best is None or created > best[0]:
+                best = (created, fp)
+    return best[1] if best else None

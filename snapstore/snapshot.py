@@ -9,13 +9,15 @@ unless one with that fingerprint is already committed.
 from __future__ import annotations
 
 import functools
+import logging
 import os
 from collections.abc import Callable, Collection, Iterable, Iterator, Mapping
 from typing import Any, TypeVar, overload
 
 from . import format as fmt
+from .catalog import previous_of_stage, stored_fingerprint
 from .errors import AmbiguousFingerprintError, SnapshotNotFoundError, StageError
-from .fingerprint import Fingerprint, fingerprint_stage
+from .fingerprint import Fingerprint, diff_parts, fingerprint_stage
 from .plan import EpochPlan, PlanOptions
 from .reader import BatchReader, SnapshotReader, load_manifest
 from .schema import Schema
@@ -23,6 +25,8 @@ from .store import Store, open_store
 from .writer import ProgressCallback, SnapshotWriter, WriteOptions
 
 __all__ = ["Snapshot", "Stage", "open", "resolve_fingerprint", "snapshot"]
+
+log = logging.getLogger(__name__)
 
 Root = str | os.PathLike[str] | Store | None
 F = TypeVar("F", bound=Callable[..., Iterable[Mapping[str, Any]]])
@@ -58,10 +62,21 @@ class Snapshot:
         self._args = args
         self._kwargs = dict(kwargs or {})
         self._reader: SnapshotReader | None = None
+        self.miss_explanation: dict[str, Any] | None = None
+        """Set when materializing had to compute: the most recent committed snapshot of the same
+        stage (``"previous"``) and why this fingerprint differs from it (``"differences"``)."""
 
     def __repr__(self) -> str:
         state = "committed" if self.committed else "not materialized"
         return f"<Snapshot {self.fingerprint[:12]} {state} at {self.store.url}>"
+
+    def __snapstore_upstream__(self) -> str:
+        """Passed as an argument to another stage, a snapshot contributes its fingerprint."""
+        return self.fingerprint
+
+    def __snapstore_key__(self) -> str:
+        """Inside a container argument, a snapshot is identified by its fingerprint too."""
+        return self.fingerprint
 
     @property
     def committed(self) -> bool:
@@ -101,6 +116,7 @@ class Snapshot:
             raise SnapshotNotFoundError(
                 f"snapshot {self.fingerprint} is not committed under {self.store.url}"
             )
+        self.miss_explanation = self._stage.explain_miss(self)
         self._stage.write(self, progress)
         return self
 
@@ -238,6 +254,22 @@ class Stage:
     def __call__(self, *args: Any, **kwargs: Any) -> Snapshot:
         fp = self.fingerprint(*args, **kwargs)
         return Snapshot(open_store(self.root), fp, stage=self, args=args, kwargs=kwargs)
+
+    def explain_miss(self, snap: Snapshot) -> dict[str, Any] | None:
+        """Why no snapshot was found: the difference from this stage's most recent snapshot."""
+        if snap._fp is None:
+            return None
+        previous = previous_of_stage(snap.store, self.name, exclude=snap.fingerprint)
+        if previous is None:
+            return None
+        differences = diff_parts(stored_fingerprint(snap.store, previous), snap._fp)
+        log.warning(
+            "snapstore: no snapshot of %s with fingerprint %s under %s; computing it. "
+            "It differs from the most recent one (%s): %s",
+            self.name, snap.fingerprint, snap.store.url, previous,
+            "; ".join(differences) or "no recorded part differs (written by another scheme?)",
+        )  # fmt: skip
+        return {"previous": previous, "differences": differences}
 
     def write(self, snap: Snapshot, progress: ProgressCallback | None) -> None:
         """Run the stage for ``snap``'s arguments and commit; on any error nothing is visible."""
