@@ -87,7 +87,23 @@ class SnapshotReader:
         self.store = store
         self.fingerprint = fingerprint
         self.manifest = load_manifest(store, fingerprint)
-        self.run_dir = f"{fingerprint}/runs/{self.manifest['run']}"
+        try:
+            self._open_index()
+        except (KeyError, TypeError, ValueError, AttributeError) as exc:
+            if isinstance(exc, FormatError):
+                raise
+            raise FormatError(
+                f"manifest of {fingerprint} under {store.url} is missing or has a malformed "
+                f"entry ({exc!r}); the snapshot is corrupt: remove it and rebuild it"
+            ) from exc
+        self._pool = ThreadPoolExecutor(
+            max(1, decode_threads), thread_name_prefix="snapstore-decode"
+        )
+        self._cache: collections.OrderedDict[int, BlockColumns] = collections.OrderedDict()
+        self._lock = threading.Lock()
+
+    def _open_index(self) -> None:
+        self.run_dir = f"{self.fingerprint}/runs/{self.manifest['run']}"
         self.schema = Schema.from_json(self.manifest["schema"])
         self._arrow_schema = self.schema.arrow_schema()
         self.shards = [fmt.check_name(s.get("path"), "shard") for s in self.manifest["shards"]]
@@ -97,14 +113,8 @@ class SnapshotReader:
         if int(self.offsets[-1]) != int(self.manifest["num_samples"]):
             raise FormatError(
                 f"index of {self.fingerprint} holds {int(self.offsets[-1])} samples but the "
-                f"manifest "
-                f"says {self.manifest['num_samples']}; the snapshot is corrupt"
+                f"manifest says {self.manifest['num_samples']}; the snapshot is corrupt"
             )
-        self._pool = ThreadPoolExecutor(
-            max(1, decode_threads), thread_name_prefix="snapstore-decode"
-        )
-        self._cache: collections.OrderedDict[int, BlockColumns] = collections.OrderedDict()
-        self._lock = threading.Lock()
 
     def _load_index(self) -> np.ndarray[Any, Any]:
         meta = self.manifest["index"]

@@ -145,3 +145,11 @@ def test_blocks_are_aligned(written) -> None:
     reader = SnapshotReader(store, "fp")
     assert all(int(o) % fmt.BLOCK_ALIGNMENT == 0 for o in reader.index["offset"])
     assert reader.load_block(3).column("x").flags.aligned
+
+
+@pytest.mark.parametrize("key", ["num_blocks", "shards", "schema", "index", "num_samples"])
+def test_manifest_missing_a_key_is_a_format_error(written, key: str) -> None:
+    store, run_dir = written
+    rewrite_manifest(store, run_dir, lambda m: m.pop(key))
+    with pytest.raises(FormatError):
+        SnapshotReader(store, "fp")
