@@ -175,8 +175,17 @@ def _warm(directory: str) -> None:
                     pass
 
 
+def epoch_plan(reader: Any) -> Any:
+    """Epoch 0, shuffled, one consumer, the default 32 MiB window: what both readers follow."""
+    from snapstore.plan import EpochPlan, PlanOptions
+
+    window = reader.window_blocks(32 << 20)
+    options = PlanOptions(shuffle=True, window_blocks=window)
+    return EpochPlan(reader.index["rows"], epoch=0, rank=0, world_size=1, options=options)
+
+
 def child_snap_read(workload: str, n: int, directory: str, **_: Any) -> dict[str, Any]:
-    from snapstore.plan import EpochPlan, PlanOptions, shuffle_quality
+    from snapstore.plan import shuffle_quality
     from snapstore.reader import BatchReader, SnapshotReader
     from snapstore.store import LocalStore
 
@@ -185,13 +194,7 @@ def child_snap_read(workload: str, n: int, directory: str, **_: Any) -> dict[str
     reader = SnapshotReader(LocalStore(directory), "bench")
     key = "label" if workload == "img" else "id"
     t0 = time.perf_counter()
-    plan = EpochPlan(
-        reader.index["rows"],
-        epoch=0,
-        rank=0,
-        world_size=1,
-        options=PlanOptions(shuffle=True, window_blocks=reader.window_blocks(32 << 20)),
-    )
+    plan = epoch_plan(reader)
     batches = iter(BatchReader(reader, BATCH, plan, drop_last=False))
     first = next(batches)
     ttfb = time.perf_counter() - t0
@@ -228,18 +231,11 @@ def child_memmap_read(
     workload: str, n: int, directory: str, order_dir: str, **_: Any
 ) -> dict[str, Any]:
     """The same shuffled order as snapstore's plan, read batch by batch from the memmap."""
-    from snapstore.plan import EpochPlan, PlanOptions
     from snapstore.reader import SnapshotReader
     from snapstore.store import LocalStore
 
     reader = SnapshotReader(LocalStore(order_dir), "bench")
-    plan = EpochPlan(
-        reader.index["rows"],
-        epoch=0,
-        rank=0,
-        world_size=1,
-        options=PlanOptions(shuffle=True, window_blocks=reader.window_blocks(32 << 20)),
-    )
+    plan = epoch_plan(reader)
     order = plan.order()
     reader.close()
     _warm(directory)

@@ -54,7 +54,7 @@ _DECLARE_HINT = (
 
 
 # Every dtype Arrow can store natively (complex as pairs of its float parts).
-_SUPPORTED_DTYPES = frozenset(
+SUPPORTED_DTYPES = frozenset(
     [
         "bool",
         "int8",
@@ -75,10 +75,10 @@ _SUPPORTED_DTYPES = frozenset(
 
 
 def _check_dtype(dtype: np.dtype[Any], name: str) -> np.dtype[Any]:
-    if dtype.kind not in "biufc" or dtype.name not in _SUPPORTED_DTYPES:
+    if dtype.kind not in "biufc" or dtype.name not in SUPPORTED_DTYPES:
         raise SchemaError(
             f"field {name!r}: numpy dtype {dtype} is not supported; expected one of "
-            f"{', '.join(sorted(_SUPPORTED_DTYPES))}. Convert strings to str/bytes, objects to "
+            f"{', '.join(sorted(SUPPORTED_DTYPES))}. Convert strings to str/bytes, objects to "
             "arrays, and extended precision (float128) to float64."
         )
     return dtype.newbyteorder("=") if dtype.byteorder not in "=|" else dtype

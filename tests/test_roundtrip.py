@@ -11,26 +11,11 @@ from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
 from snapstore.reader import SnapshotReader
-from snapstore.schema import Schema
+from snapstore.schema import SUPPORTED_DTYPES, Schema
 from snapstore.store import LocalStore, Store
 from snapstore.writer import SnapshotWriter, WriteOptions
 
-DTYPES = [
-    "bool",
-    "int8",
-    "int16",
-    "int32",
-    "int64",
-    "uint8",
-    "uint16",
-    "uint32",
-    "uint64",
-    "float16",
-    "float32",
-    "float64",
-    "complex64",
-    "complex128",
-]
+DTYPES = sorted(SUPPORTED_DTYPES)
 
 
 def write(
