@@ -22,6 +22,7 @@ from .errors import (
 )
 from .fingerprint import Fingerprint
 from .format import FORMAT_VERSION
+from .inputs import InputError, Inputs, files
 from .reader import BatchReader
 from .schema import Field, Schema
 from .snapshot import Snapshot, Stage, open, snapshot
@@ -40,6 +41,8 @@ __all__ = [
     "FingerprintError",
     "FormatError",
     "FsspecStore",
+    "InputError",
+    "Inputs",
     "LocalStore",
     "Schema",
     "SchemaError",
@@ -52,6 +55,7 @@ __all__ = [
     "StoreError",
     "WriteOptions",
     "default_root",
+    "files",
     "open",
     "open_store",
     "snapshot",
