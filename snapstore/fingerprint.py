@@ -1,35 +1,39 @@
-"""Fingerprints of a stage call: canonical hashing of code and values into named parts.
+"""Fingerprints of a stage call: canonical hashing of code, values and inputs into named parts.
 
-A fingerprint is sha256 over named parts, each itself a sha256 hex digest (scheme 1)::
+A fingerprint is sha256 over named parts, each itself a sha256 hex digest (scheme 2)::
 
     scheme     FINGERPRINT_SCHEME
-    code       hash_code(fn): the stage's normalized source (see below)
+    code       the stage's code and, transitively, the user code it reaches (snapstore.codeid)
     arguments  the bound arguments, one digest per name (or hash_value(key(...)))
+    inputs     arguments with __snapstore_inputs__() -> {input name: identity}, one per name
+    upstream   arguments with __snapstore_upstream__() -> a fingerprint, one per name
     format     the on-disk format version
     version    the user's version string, or None
 
-The digest is the first 128 bits of sha256 over the sorted ``(name, part digest)`` pairs, so new
-parts (input identity, upstream snapshot, helper code) slot in as more names.
+The digest is the first 128 bits of sha256 over the sorted ``(name, part digest)`` pairs. All
+parts are always present (``inputs`` and ``upstream`` hash an empty mapping when no argument has
+the hook). An inputs digest is sha256 over the sorted ``(name, identity)`` pairs; details keep a
+16-hex digest per input (up to 100,000 inputs) so a diff can count changed, added and removed
+inputs. Nested in a container, a hooked object hashes as what it declares, within ``arguments``.
 
 Values are hashed by a typed, length-prefixed encoding fed into sha256: never ``hash()``,
 ``id()`` or pickle, so the result does not depend on ``PYTHONHASHSEED``, the process, the working
 directory or the machine. Dicts and sets are order-independent (entries sorted by digest);
 lists and tuples are ordered and distinct; ``1``, ``True`` and ``1.0`` differ; floats hash
-through ``float.hex`` (``-0.0`` differs from ``0.0``, nan is stable). Classes and numpy dtypes
-hash by qualified name; a value of any other type is a :class:`FingerprintError` that names where
-it was found and the ways out, never a silent fallback.
-
-Code identity (scheme 1) is the AST of the function's source without docstrings, decorators,
-comments, formatting or positions, so moving or reformatting a file keeps the fingerprint while
-any edit to the body, including renaming a local variable, changes it. Without source (REPL,
-``exec``) it is the bytecode, names and constants, which is specific to the Python version.
-Not yet covered: helpers the stage calls, module globals it reads and values captured in a
-closure. Changing any rule here must bump :data:`FINGERPRINT_SCHEME`.
+through ``float.hex`` (``-0.0`` differs from ``0.0``, nan is stable). Numpy dtypes and library
+classes hash by qualified name; user functions and classes by their code identity (see
+:mod:`snapstore.codeid`, which also says which code is the user's), and instances of user
+dataclasses, enums, namedtuples and callable classes bring their class's code too. An object
+with ``__snapstore_key__()`` hashes as what that returns (its class's code is not read). A
+generator or other iterator is refused: it cannot be hashed without consuming it. Any other type
+is a :class:`FingerprintError` that names where it was found and the ways out, never a silent
+fallback. Changing a rule here or in :mod:`snapstore.codeid` must bump
+:data:`FINGERPRINT_SCHEME` and regenerate the golden file.
 """
 
 from __future__ import annotations
 
-import ast
+import collections.abc
 import dataclasses
 import datetime
 import decimal
@@ -39,15 +43,29 @@ import functools
 import hashlib
 import inspect
 import pathlib
+import re
 import reprlib
-import textwrap
 import types
 import uuid
 from collections.abc import Callable, Collection
-from typing import Any, Protocol
+from typing import Any
 
 import numpy as np
 
+from .codeid import (
+    _BUILTIN_CALLABLES,
+    Buffer,
+    CodeWalk,
+    _callable_name,
+    _frame,
+    _is_callable_object,
+    _is_code,
+    _package_of,
+    _qualname,
+    _Sink,
+    _underlying_function,
+    _Unhashable,
+)
 from .errors import FingerprintError, FormatError
 
 __all__ = [
@@ -59,25 +77,18 @@ __all__ = [
     "hash_value",
 ]
 
-FINGERPRINT_SCHEME = 1
+FINGERPRINT_SCHEME = 2
 _DIGEST_CHARS = 32  # 128 bits: collisions need ~2**64 snapshots
 _MAX_DEPTH = 100  # a few stack frames per level stays far below the interpreter's recursion limit
 _REPR_CHARS = 80
-_PART_ORDER = ("scheme", "code", "arguments", "format", "version")
+_PART_ORDER = ("scheme", "code", "arguments", "inputs", "upstream", "format", "version")
+_MAX_INPUT_DETAILS = 100_000  # per-input digests kept in details up to this many inputs
+_HOOK_PARTS = ("inputs", "upstream")  # __snapstore_inputs__(), __snapstore_upstream__()
 _TEXT_TYPES = (  # exact types whose str() is canonical; subclasses (pandas Timestamp) are refused
     datetime.date, datetime.datetime, datetime.time, datetime.timedelta,
     decimal.Decimal, fractions.Fraction, uuid.UUID,
 )  # fmt: skip
-_BUILTIN_CALLABLES = (
-    types.BuiltinFunctionType, types.MethodDescriptorType, types.WrapperDescriptorType,
-    types.MethodWrapperType, types.ClassMethodDescriptorType, np.ufunc,
-)  # fmt: skip
-_CODE_TYPES = (functools.partial, types.MethodType, types.FunctionType, *_BUILTIN_CALLABLES)
-Buffer = bytes | bytearray | memoryview
-
-
-class _Sink(Protocol):
-    def update(self, data: Buffer, /) -> None: ...
+_ITERATORS = (collections.abc.Iterator, types.AsyncGeneratorType, collections.abc.AsyncIterator)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -91,8 +102,10 @@ class Fingerprint:
     parts : dict of str to str
         Part name (``"code"``, ``"arguments"``...) to the full sha256 hex digest of that part.
     details : dict
-        JSON-able explanation: stage name, per-argument digests and short reprs, ignored
-        arguments, key function, version, format version and scheme.
+        JSON-able explanation: stage name; ``code`` (stage, ``functions`` ``{"mod.qualname":
+        16-hex digest}``, ``packages`` ``{"numpy": "2.4.6"}``, ignored globals); per-argument
+        digests and reprs; ``inputs`` (count, digest, per-input digests) and ``upstream``
+        (fingerprint) per argument; ignored arguments, key, version, format version, scheme.
     """
 
     digest: str
@@ -132,21 +145,6 @@ class Fingerprint:
         return cls(digest, dict(parts), dict(details))
 
 
-class _Unhashable(Exception):
-    """Internal: carries the reason up while each level adds its path segment."""
-
-    def __init__(self, found: str, reason: str) -> None:
-        super().__init__(reason)
-        self.found, self.reason = found, reason
-        self.segments: list[str] = []
-
-
-def _frame(h: _Sink, tag: bytes, payload: Buffer = b"") -> None:
-    """Feed one self-delimiting item: tag length, tag, payload length, payload."""
-    h.update(len(tag).to_bytes(1, "big") + tag + len(payload).to_bytes(8, "big"))
-    h.update(payload)
-
-
 def _int_bytes(value: int) -> bytes:
     return int.to_bytes(value, (value.bit_length() + 8) // 8, "big", signed=True)
 
@@ -164,15 +162,6 @@ _SCALARS: dict[type, tuple[bytes, Callable[[Any], Buffer]]] = {
 }
 
 
-def _qualname(obj: Any) -> str:
-    """``module.qualname`` of a class or function (``builtins.`` left out)."""
-    module = getattr(obj, "__module__", None) or getattr(
-        getattr(obj, "__objclass__", None), "__module__", None
-    )
-    name = str(getattr(obj, "__qualname__", None) or getattr(obj, "__name__", repr(obj)))
-    return name if module in (None, "builtins") else f"{module}.{name}"
-
-
 def _dtype_text(dtype: np.dtype[Any]) -> str:
     return dtype.str if dtype.fields is None else repr(dtype.descr)
 
@@ -188,10 +177,12 @@ def _segment(kind: str, key: Any) -> str:
 
 
 class _Hasher:
-    """One hashing walk: tracks the containers being visited to refuse reference cycles."""
+    """One hashing walk over values (refusing reference cycles); code goes to the code walk."""
 
-    def __init__(self) -> None:
+    def __init__(self, walk: CodeWalk) -> None:
         self._active: set[int] = set()  # id() only detects cycles; it never reaches a digest
+        self.walk = walk
+        walk.encoder = self
 
     def digest(self, value: Any, depth: int, kind: str, key: Any) -> bytes:
         h = hashlib.sha256()
@@ -222,9 +213,15 @@ class _Hasher:
             self._active.discard(id(value))
 
     def _compound(self, h: _Sink, value: Any, cls: type, depth: int) -> None:
-        if getattr(cls, "__snapstore_key__", None) is not None and not isinstance(value, type):
+        if isinstance(value, type):
+            self.code(h, value, depth)
+        elif getattr(cls, "__snapstore_key__", None) is not None:
             _frame(h, b"key", _qualname(cls).encode())
             self.child(h, value.__snapstore_key__(), depth, "attr", "__snapstore_key__()")
+        elif any(_hook(value, f"__snapstore_{part}__") for part in _HOOK_PARTS):
+            for part in _HOOK_PARTS:  # nested in a container: hashed as what it declares
+                found = _declared(value, part)
+                _frame(h, part.encode(), (found[0] if found else "").encode())
         elif cls is np.ndarray or cls is np.memmap:
             if value.dtype.hasobject:
                 raise _Unhashable(f"numpy array of dtype {value.dtype}", "objects have no bytes")
@@ -237,8 +234,7 @@ class _Hasher:
             _frame(h, b"data", value.tobytes())
         elif isinstance(value, enum.Enum):
             _frame(h, b"enum", f"{_qualname(cls)}.{value.name}".encode())
-        elif isinstance(value, type):
-            _frame(h, b"type", _qualname(value).encode())
+            self.code(h, cls, depth)
         elif isinstance(value, np.dtype):
             _frame(h, b"dtype", _dtype_text(value).encode())
         elif callable(value) and (_is_code(value) or _is_callable_object(value)):
@@ -256,16 +252,25 @@ class _Hasher:
                 self.child(h, getattr(value, name), depth, "attr", name)
         elif cls in _TEXT_TYPES:
             _frame(h, b"text", f"{_qualname(cls)}:{value}".encode())
+        elif cls is re.Pattern:  # not str(): it cuts long patterns
+            _frame(h, b"regex", repr((value.pattern, value.flags)).encode())
         elif cls is memoryview:
             _frame(h, b"memoryview", f"{value.format}|{value.shape}".encode())
             _frame(h, b"data", value.tobytes())
         elif isinstance(value, tuple) and hasattr(cls, "_fields"):
             _frame(h, b"namedtuple", f"{_qualname(cls)}|{len(value)}".encode())
+            self.code(h, cls, depth)
             for name, item in zip(cls._fields, value, strict=True):
                 _frame(h, b"field", name.encode())
                 self.child(h, item, depth, "attr", name)
         elif isinstance(value, (list, tuple, dict, set, frozenset, *_SCALARS)):
             self._builtin(h, value, cls, depth)
+        elif isinstance(value, _ITERATORS):
+            raise _Unhashable(
+                _qualname(cls),
+                "a generator or iterator, which cannot be hashed without consuming it; pass a "
+                "list or tuple of its items instead, or key=",
+            )
         else:
             raise _Unhashable(_qualname(cls), "no deterministic hash is defined for this type")
 
@@ -273,8 +278,9 @@ class _Hasher:
         base = next(
             b for b in (list, tuple, dict, set, frozenset, *_SCALARS) if isinstance(value, b)
         )
-        if cls is not base:  # a subclass: its name matters, and so does any state it carries
+        if cls is not base:  # a subclass: its name and code matter, and so does its state
             _frame(h, b"subclass", _qualname(cls).encode())
+            self.code(h, cls, depth)
             extra = getattr(value, "__dict__", None)
             if extra:
                 self.child(h, extra, depth, "attr", "__dict__")
@@ -291,17 +297,28 @@ class _Hasher:
             )
             _frame(h, b"dict", b"".join(k + v for k, v in entries))
         else:
-            items = sorted(self.digest(item, depth, "elem", item) for item in value)
+            items = sorted(self._element(item, depth) for item in value)
             _frame(h, base.__name__.encode(), b"".join(items))
+
+    def _element(self, item: Any, depth: int) -> bytes:
+        """A set element's digest: code in it is walked apart, as set order is arbitrary."""
+        if type(item) in _SCALARS:
+            return self.digest(item, depth, "elem", item)
+        alone = _Hasher(CodeWalk(self.walk.ignore))
+        digest = alone.digest(item, depth, "elem", item)
+        alone.walk.run()
+        self.walk.packages.update(alone.walk.packages)
+        return hashlib.sha256(digest + alone.walk.digest(b"", packages=False).encode()).digest()
 
     def _fields(self, h: _Sink, value: Any, depth: int) -> None:
         _frame(h, b"dataclass", _qualname(type(value)).encode())
+        self.code(h, type(value), depth)
         for field in dataclasses.fields(value):
             _frame(h, b"field", field.name.encode())
             self.child(h, getattr(value, field.name), depth, "attr", field.name)
 
     def code(self, h: _Sink, fn: Any, depth: int) -> None:
-        """Feed the code identity of a callable (the one place that decides it)."""
+        """Feed a callable's or class's code identity: user code by key (joining the walk)."""
         if isinstance(fn, functools.partial):
             _frame(h, b"partial")
             self.child(h, fn.func, depth, "attr", "func")
@@ -311,22 +328,26 @@ class _Hasher:
             _frame(h, b"method")
             self.code(h, fn.__func__, depth)
             self.child(h, fn.__self__, depth, "attr", "__self__")
-        elif isinstance(fn, types.FunctionType):
-            source = _source_identity(fn)
-            if source is not None:
-                _frame(h, b"source", source.encode())
-            else:
-                _frame(h, b"bytecode", _bytecode_identity(fn.__code__))
+        elif isinstance(fn, (types.FunctionType, type)):
+            tag, name = self.walk.reference(fn)
+            _frame(h, b"class" if isinstance(fn, type) else b"function")
+            _frame(h, tag, name.encode())
+            wrapped = getattr(fn, "__wrapped__", None)  # a library decorator's wrapper
+            if tag == b"ext" and isinstance(wrapped, types.FunctionType):
+                self.child(h, wrapped, depth, "attr", "__wrapped__")
         elif isinstance(fn, _BUILTIN_CALLABLES):
             _frame(h, b"builtin", _qualname(fn).encode())
+            self.walk.note_package(_package_of(fn))
             owner = getattr(fn, "__self__", None)
             if owner is not None and not isinstance(owner, types.ModuleType):
                 self.child(h, owner, depth, "attr", "__self__")
-        elif isinstance(fn, type):
-            _frame(h, b"class", _qualname(fn).encode())
+        elif callable(getattr(fn, "__wrapped__", None)):  # lru_cache, class-based decorators
+            _frame(h, b"wrapped")
+            self.code(h, type(fn), depth)
+            self.child(h, fn.__wrapped__, depth, "attr", "__wrapped__")
         elif _is_callable_object(fn):
-            _frame(h, b"callable", _qualname(type(fn)).encode())
-            self.code(h, type(fn).__call__, depth)
+            _frame(h, b"callable")
+            self.code(h, type(fn), depth)
             if getattr(type(fn), "__snapstore_key__", None) is not None:
                 self.child(h, fn.__snapstore_key__(), depth, "attr", "__snapstore_key__()")
             elif dataclasses.is_dataclass(fn):
@@ -339,83 +360,82 @@ class _Hasher:
             raise _Unhashable(_qualname(type(fn)), "not a function this scheme can hash")
 
 
-def _is_code(value: Any) -> bool:
-    return isinstance(value, _CODE_TYPES)
+# -- protocol hooks -------------------------------------------------------------------------
 
 
-def _callable_name(fn: Any) -> str:
-    """The name details and messages use for a stage, key function or partial."""
-    if isinstance(fn, functools.partial):
-        return _callable_name(fn.func)
-    if _is_code(fn) or isinstance(fn, type):
-        return _qualname(fn)
-    return _qualname(type(fn))
-
-
-def _is_callable_object(value: Any) -> bool:
-    return callable(value) and isinstance(type(value).__call__, types.FunctionType)
-
-
-def _source_identity(fn: types.FunctionType) -> str | None:
-    """The normalized AST of ``fn``'s source, or None when the source cannot be had."""
-    try:
-        tree = ast.parse(textwrap.dedent(inspect.getsource(fn)))
-    except (OSError, TypeError, SyntaxError):
+def _hook(value: Any, name: str) -> Callable[[], Any] | None:
+    """``value.name`` when its class defines a callable ``name`` (a class itself has none)."""
+    if isinstance(value, type) or not callable(getattr(type(value), name, None)):
         return None
-    node: ast.AST
-    if fn.__name__ == "<lambda>":  # getsource gives whole lines; find the one lambda on them
-        lambdas = [n for n in ast.walk(tree) if isinstance(n, ast.Lambda)]
-        if len(lambdas) != 1:
-            return None
-        node = lambdas[0]
-    else:
-        first = tree.body[0] if tree.body else None
-        if not isinstance(first, (ast.FunctionDef, ast.AsyncFunctionDef)) or first.name != (
-            fn.__name__
-        ):
-            return None
-        first.decorator_list = []  # @snapshot(...) and friends must not matter
-        node = first
-    for inner in ast.walk(node):
-        if isinstance(inner, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
-            head = inner.body[0] if inner.body else None
-            if isinstance(head, ast.Expr) and isinstance(getattr(head.value, "value", 0), str):
-                inner.body = inner.body[1:] or [ast.Pass()]
-    return _ast_text(node)
+    return getattr(value, name)  # type: ignore[no-any-return]
 
 
-def _ast_text(node: Any) -> str:
-    """Like ``ast.dump`` without positions, but fields that are None or [] are left out.
+def _declared(value: Any, part: str) -> tuple[str, Any] | None:
+    """``(digest, details)`` of what ``value`` declares through the ``part`` hook, or None."""
+    hook = _hook(value, f"__snapstore_{part}__")
+    if hook is None:
+        return None
+    result, h = hook(), hashlib.sha256()
+    if part == "upstream" and isinstance(result, str):
+        _frame(h, b"upstream", result.encode())
+        return h.hexdigest(), result
+    if part == "upstream" or not (
+        isinstance(result, dict)
+        and all(isinstance(k, str) and isinstance(v, str) for k, v in result.items())
+    ):
+        expected = {"upstream": "the upstream snapshot's fingerprint as a str"}.get(
+            part, "a dict of str (a stable name of each input) to str (its identity)"
+        )
+        raise _Unhashable(
+            _qualname(type(value)),
+            f"__snapstore_{part}__() returned {type(result).__name__}, expected {expected}",
+        )
+    items = {k: result[k].encode("utf-8", "surrogatepass") for k in sorted(result)}
+    _frame(h, b"inputs", len(items).to_bytes(8, "big"))
+    for name, identity in items.items():
+        _frame(h, b"name", name.encode("utf-8", "surrogatepass"))
+        _frame(h, b"identity", identity)
+    detail: dict[str, Any] = {"count": len(items), "digest": h.hexdigest()[:16]}
+    if len(items) <= _MAX_INPUT_DETAILS:
+        detail["items"] = {k: hashlib.sha256(v).hexdigest()[:16] for k, v in items.items()}
+    return h.hexdigest(), detail
 
-    ``ast.dump`` itself differs between Python versions (3.12 added ``type_params=[]``, 3.13
-    omits empty fields), which would change every fingerprint with the interpreter.
-    """
-    if isinstance(node, ast.AST):
-        kept = [(k, v) for k, v in ast.iter_fields(node) if v is not None and v != []]
-        return f"{type(node).__name__}({', '.join(f'{k}={_ast_text(v)}' for k, v in kept)})"
-    if isinstance(node, list):
-        return f"[{', '.join(_ast_text(item) for item in node)}]"
-    return repr(node)
+
+def _split_declared(values: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Plain arguments, and per hook part the ``{arg: digest}`` and ``{arg: details}``."""
+    plain: dict[str, Any] = {}
+    declared: dict[str, Any] = {part: ({}, {}) for part in _HOOK_PARTS}
+    for arg, value in values.items():
+        try:
+            found = {part: _declared(value, part) for part in _HOOK_PARTS}
+        except _Unhashable as exc:
+            raise _explain(f"argument {arg!r}", exc, arg) from None
+        for part, result in found.items():
+            if result is not None:
+                declared[part][0][arg], declared[part][1][arg] = result
+        if not any(found.values()):
+            plain[arg] = value
+    return plain, declared
 
 
-def _bytecode_identity(code: types.CodeType) -> bytes:
-    """Digest of bytecode, names and constants; specific to the Python version."""
-    h = hashlib.sha256()
-    _frame(h, b"co_code", code.co_code)
-    for name in ("co_names", "co_varnames", "co_freevars", "co_cellvars"):
-        _frame(h, name.encode(), "\0".join(getattr(code, name)).encode())
-    for const in code.co_consts:
-        if isinstance(const, types.CodeType):
-            _frame(h, b"const_code", _bytecode_identity(const))
-        else:
-            _Hasher().encode(h, const)
-    return h.digest()
+# -- public hashing -------------------------------------------------------------------------
 
 
 def _explain(where: str, exc: _Unhashable, argument: str | None) -> FingerprintError:
     steps = exc.segments[::-1]
     if len(steps) > 12:  # a path 100 levels deep says no more than its two ends
         steps = [*steps[:6], "...", *steps[-6:]]
+    if exc.context is not None:  # read by the code: a global, closure variable, class attribute
+        path = " -> ".join([exc.context, *steps])
+        name = exc.hint or "<the name>"
+        return FingerprintError(
+            f"cannot fingerprint {path}: found {exc.found} ({exc.reason}). What the stage's "
+            "code reads (globals, closure variables, default values, class attributes) is part "
+            "of its fingerprint, so it must be plain data. Ways out: define "
+            "__snapstore_key__(self) on its class, returning plain data that identifies it; "
+            f'or pass ignore_globals=["{name}"] to snapshot() to leave it out (with version="...",'
+            " bumped by hand when that value changes the data)."
+        )
     path = " -> ".join([where, *steps])
     ignore = f'ignore=["{argument}"]' if argument else "ignore=[<the argument>]"
     return FingerprintError(
@@ -429,10 +449,10 @@ def _explain(where: str, exc: _Unhashable, argument: str | None) -> FingerprintE
     )
 
 
-def _hash(value: Any, where: str, argument: str | None = None) -> str:
+def _encode(hasher: _Hasher, value: Any, where: str, argument: str | None = None) -> str:
     h = hashlib.sha256()
     try:
-        _Hasher().encode(h, value)
+        hasher.encode(h, value)
     except _Unhashable as exc:
         raise _explain(where, exc, argument) from None
     return h.hexdigest()
@@ -440,6 +460,9 @@ def _hash(value: Any, where: str, argument: str | None = None) -> str:
 
 def hash_value(value: Any, where: str = "value") -> str:
     """The sha256 hex digest of ``value``'s canonical typed encoding.
+
+    Functions and classes of the user's code inside ``value`` count by their code identity
+    (transitively, see :mod:`snapstore.codeid`); library ones by qualified name.
 
     Parameters
     ----------
@@ -466,35 +489,63 @@ def hash_value(value: Any, where: str = "value") -> str:
     >>> hash_value([1]) == hash_value((1,))
     False
     """
-    return _hash(value, where)
+    walk = CodeWalk()
+    digest = _encode(_Hasher(walk), value, where)
+    try:
+        walk.run()
+    except _Unhashable as exc:
+        raise _explain(where, exc, None) from None
+    if not walk.functions:
+        return digest
+    h = hashlib.sha256()  # user code inside the value: its identities, not package versions
+    _frame(h, b"value", digest.encode())
+    _frame(h, b"code", walk.digest(b"", packages=False).encode())
+    return h.hexdigest()
 
 
-def hash_code(fn: Callable[..., Any]) -> str:
-    """The sha256 hex digest of a callable's code identity.
+def hash_code(fn: Callable[..., Any], *, ignore_globals: Collection[str] = ()) -> str:
+    """The sha256 hex digest of a callable's code identity: the ``code`` part of its fingerprint.
 
-    Python functions hash by their normalized source AST (bytecode when there is no source);
-    ``functools.partial`` by its function and bound arguments; bound methods by the function
-    and ``__self__``; callable objects by class, ``__call__`` and state; builtins by name.
+    Functions hash by normalized source, defaults, closure and the names they read, following
+    the user's functions and classes transitively (:mod:`snapstore.codeid`); library code by
+    name and package version; partials add their arguments, bound methods ``__self__``.
+
+    Parameters
+    ----------
+    fn : callable
+        A stage, helper, partial, bound method or callable object.
+    ignore_globals : collection of str
+        Names the code reads that are left out (see :mod:`snapstore.codeid`).
 
     Raises
     ------
     FingerprintError
-        If part of the callable (a bound ``__self__``, a partial's arguments) cannot be hashed.
+        If part of the code identity (a global the code reads, a bound ``__self__``, a partial's
+        arguments) cannot be hashed; the message names it and the ways out.
 
     Examples
     --------
     >>> hash_code(len) == hash_code(len)
     True
     """
-    h = hashlib.sha256()
+    walk = CodeWalk(ignore_globals, skip_defaults=_underlying_function(fn))
+    return _code_part(fn, _Hasher(walk))
+
+
+def _code_part(fn: Any, hasher: _Hasher) -> str:
+    """Walk ``fn``'s code (and any code the hasher met in arguments) into the code part."""
+    root, where = hashlib.sha256(), f"code of {_callable_name(fn)}"
     try:
-        _Hasher().code(h, fn, 0)
+        hasher.code(root, fn, 0)
+        hasher.walk.run()
     except _Unhashable as exc:
-        raise _explain(f"code of {_callable_name(fn)}", exc, None) from None
-    return h.hexdigest()
+        raise _explain(where, exc, None) from None
+    return hasher.walk.digest(root.digest())
 
 
 def _short_repr(value: Any) -> str:
+    if isinstance(value, (types.FunctionType, type, *_BUILTIN_CALLABLES)):
+        return f"<{type(value).__name__} {_qualname(value)}>"  # no memory address
     text = _REPR.repr(value)
     return text if len(text) <= _REPR_CHARS else text[: _REPR_CHARS - 3] + "..."
 
@@ -548,6 +599,7 @@ def fingerprint_stage(
     version: str | None = None,
     key: Callable[..., Any] | None = None,
     ignore: Collection[str] = (),
+    ignore_globals: Collection[str] = (),
 ) -> Fingerprint:
     """The fingerprint of calling ``fn(*args, **kwargs)``.
 
@@ -557,15 +609,21 @@ def fingerprint_stage(
         The stage (undecorated).
     args, kwargs
         The call's arguments; bound to ``fn``'s signature with defaults applied, so
-        ``f(x)`` and ``f(x, n=DEFAULT)`` fingerprint equally.
+        ``f(x)`` and ``f(x, n=DEFAULT)`` fingerprint equally. An argument whose value has
+        ``__snapstore_inputs__()`` or ``__snapstore_upstream__()`` goes into the ``inputs`` or
+        ``upstream`` part instead of ``arguments``.
     format_version : int
         The on-disk format version.
     version : str, optional
         The user's version, folded in as its own part.
     key : callable, optional
-        ``key(*args, **kwargs)`` is hashed instead of the arguments.
+        ``key(*args, **kwargs)`` is hashed instead of the arguments (code, inputs, upstream
+        stay).
     ignore : collection of str
         Argument names (or keywords caught by ``**kwargs``) left out; recorded in details.
+    ignore_globals : collection of str
+        Names the code reads (globals, closure variables, class attributes) left out of the
+        code part; see :mod:`snapstore.codeid`.
 
     Returns
     -------
@@ -580,24 +638,32 @@ def fingerprint_stage(
     """
     name = _callable_name(fn)
     values = _bind_arguments(fn, name, args, kwargs, ignore)
+    walk = CodeWalk(ignore_globals, skip_defaults=_underlying_function(fn))
+    hasher = _Hasher(walk)
+    plain, declared = _split_declared(values)
     digests: dict[str, str] = {}
     if key is None:
-        for arg, value in values.items():
-            digests[arg] = _hash(value, f"argument {arg!r}", argument=arg)
+        for arg, value in plain.items():
+            digests[arg] = _encode(hasher, value, f"argument {arg!r}", argument=arg)
         arguments = hash_value(digests, "argument digests")
     else:
-        arguments = hash_value(key(*args, **kwargs), f"key(...) of {name}")
+        arguments = _encode(hasher, key(*args, **kwargs), f"key(...) of {name}")
     parts = {
         "scheme": hash_value(FINGERPRINT_SCHEME),
-        "code": hash_code(fn),
+        "code": _code_part(fn, hasher),
         "arguments": arguments,
+        "inputs": hash_value(declared["inputs"][0], "input digests"),
+        "upstream": hash_value(declared["upstream"][0], "upstream digests"),
         "format": hash_value(format_version),
         "version": hash_value(version),
     }
     details: dict[str, Any] = {
         "stage": name,
+        "code": {"stage": name, **walk.details()},
         "arguments": digests,
-        "argument_values": {arg: _short_repr(value) for arg, value in values.items()},
+        "argument_values": {arg: _short_repr(value) for arg, value in plain.items()},
+        "inputs": declared["inputs"][1],
+        "upstream": declared["upstream"][1],
         "ignored": sorted(ignore),
         "key": None if key is None else _callable_name(key),
         "version": version,
@@ -627,8 +693,64 @@ def _argument_changes(a: dict[str, Any], b: dict[str, Any]) -> list[str]:
     return out or ["arguments changed"]
 
 
+def _mapping_changes(old: dict[str, Any], new: dict[str, Any]) -> tuple[list[str], ...]:
+    """Keys changed, added and removed between two mappings, each sorted."""
+    changed = sorted(k for k in set(old) & set(new) if old[k] != new[k])
+    return changed, sorted(set(new) - set(old)), sorted(set(old) - set(new))
+
+
+def _code_changes(a: dict[str, Any], b: dict[str, Any]) -> list[str]:
+    ca, cb = a.get("code"), b.get("code")
+    if not (isinstance(ca, dict) and isinstance(cb, dict)):  # scheme 1 kept no per-function details
+        return [f"code of stage {b.get('stage')!r} changed"]
+    changes = zip(
+        ("changed", "added", "removed"), _mapping_changes(ca["functions"], cb["functions"])
+    )
+    out = [f"code: {key} {what}" for what, keys in changes for key in keys]
+    old, new = ca["packages"], cb["packages"]
+    changed, added, removed = _mapping_changes(old, new)
+    out += [f"package {k} {old[k]} -> {new[k]}" for k in changed]
+    out += [f"package {k} {new[k]} added" for k in added]
+    out += [f"package {k} {old[k]} removed" for k in removed]
+    if ca.get("ignored_globals") != cb.get("ignored_globals"):
+        out.append(f"ignored globals changed ({ca['ignored_globals']} -> {cb['ignored_globals']})")
+    return out or [f"code of stage {b.get('stage')!r} changed"]
+
+
+def _declared_changes(part: str) -> Callable[[dict[str, Any], dict[str, Any]], list[str]]:
+    def changes(a: dict[str, Any], b: dict[str, Any]) -> list[str]:
+        old, new = a.get(part, {}), b.get(part, {})
+        out = []
+        for arg in sorted(set(old) | set(new)):
+            before, after = old.get(arg), new.get(arg)
+            if before is None or after is None:
+                out.append(f"{part} {arg!r} {'added' if before is None else 'removed'}")
+            elif part == "upstream" and before != after:
+                out.append(f"upstream {arg!r} changed ({before[:8]} -> {after[:8]})")
+            elif part == "inputs" and before.get("digest") != after.get("digest"):
+                out.append(f"inputs {arg!r}: {_input_counts(before, after)}")
+        return out or [f"{part} changed"]
+
+    return changes
+
+
+def _input_counts(before: dict[str, Any], after: dict[str, Any]) -> str:
+    if "items" not in before or "items" not in after:
+        return (
+            f"{after.get('count')} inputs changed (was {before.get('count')}; per-input "
+            "details not stored)"
+        )
+    changed, added, removed = _mapping_changes(before["items"], after["items"])
+    counts = [(len(changed), "changed"), (len(added), "added"), (len(removed), "removed")]
+    return ", ".join(f"{n} {what}" for n, what in counts if n) or "changed"
+
+
 def diff_parts(a: Fingerprint, b: Fingerprint) -> list[str]:
-    """Sentences saying why ``b`` differs from ``a``, part by part and argument by argument.
+    """Sentences saying why ``b`` differs from ``a``, part by part.
+
+    Code differences are named per function and package (``code: helpers.normalize changed``,
+    ``package numpy 2.4.6 -> 2.5.0``), arguments per argument, inputs as counts of changed,
+    added and removed inputs, upstream snapshots by fingerprint prefix.
 
     Returns
     -------
@@ -645,6 +767,17 @@ def diff_parts(a: Fingerprint, b: Fingerprint) -> list[str]:
     """
     da, db = a.details, b.details
     known = [p for p in _PART_ORDER if p in a.parts or p in b.parts]
+    explain: dict[str, Callable[[dict[str, Any], dict[str, Any]], list[str]]] = {
+        "code": _code_changes,
+        "arguments": _argument_changes,
+        "inputs": _declared_changes("inputs"),
+        "upstream": _declared_changes("upstream"),
+    }
+    scalars = {
+        "format": ("format_version", "format version"),
+        "scheme": ("scheme", "fingerprint scheme"),
+        "version": ("version", "version"),
+    }
     out: list[str] = []
     for part in known + sorted((set(a.parts) | set(b.parts)) - set(_PART_ORDER)):
         old, new = a.parts.get(part), b.parts.get(part)
@@ -652,17 +785,14 @@ def diff_parts(a: Fingerprint, b: Fingerprint) -> list[str]:
             continue
         if old is None or new is None:
             out.append(f"part {part!r} {'added' if old is None else 'removed'}")
-        elif part == "code":
-            out.append(f"code of stage {db.get('stage')!r} changed")
-        elif part == "arguments":
-            out.extend(_argument_changes(da, db))
-        elif part == "format":
-            before, after = da.get("format_version"), db.get("format_version")
-            out.append(f"format version changed ({before} -> {after})")
-        elif part == "version":
-            out.append(f"version changed ({da.get('version')!r} -> {db.get('version')!r})")
-        elif part == "scheme":
-            out.append(f"fingerprint scheme changed ({da.get('scheme')} -> {db.get('scheme')})")
+        elif part in explain:
+            out.extend(explain[part](da, db))
+        elif part in scalars:
+            field, label = scalars[part]
+            before, after = da.get(field), db.get(field)
+            if part == "version":
+                before, after = repr(before), repr(after)
+            out.append(f"{label} changed ({before} -> {after})")
         else:
             out.append(f"part {part!r} changed")
     return out

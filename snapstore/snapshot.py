@@ -220,6 +220,7 @@ class Stage:
         version: str | None = None,
         key: Callable[..., Any] | None = None,
         ignore: Collection[str] = (),
+        ignore_globals: Collection[str] = (),
         schema: Schema | Mapping[str, Any] | None = None,
         options: WriteOptions | None = None,
     ) -> None:
@@ -232,6 +233,7 @@ class Stage:
         self.version = version
         self.key = key
         self.ignore = tuple(ignore)
+        self.ignore_globals = tuple(ignore_globals)
         self.schema = (
             schema if schema is None or isinstance(schema, Schema) else Schema.declare(schema)
         )
@@ -249,6 +251,7 @@ class Stage:
             version=self.version,
             key=self.key,
             ignore=self.ignore,
+            ignore_globals=self.ignore_globals,
         )
 
     def __call__(self, *args: Any, **kwargs: Any) -> Snapshot:
@@ -331,6 +334,9 @@ def snapshot(fn: F | None = None, **settings: Any) -> Stage | Callable[[F], Stag
         ``key(*args, **kwargs)`` returns what identifies the arguments, in place of hashing them.
     ignore : collection of str
         Argument names left out of the fingerprint (verbosity, thread counts...).
+    ignore_globals : collection of str
+        Globals (``LOCK``, ``helpers.CACHE``), closure variables or ``Class.attr`` that the code
+        reads but that do not change the data and cannot be hashed (locks, open files).
     schema : Schema or mapping, optional
         Declared schema; see :meth:`Schema.declare`. Inferred from the first block otherwise.
     options : WriteOptions, optional
@@ -351,11 +357,12 @@ def snapshot(fn: F | None = None, **settings: Any) -> Stage | Callable[[F], Stag
     >>> snap[3]                                                    # doctest: +SKIP
     {'x': 9}
     """
-    unknown = set(settings) - {"root", "version", "key", "ignore", "schema", "options"}
+    allowed = {"root", "version", "key", "ignore", "ignore_globals", "schema", "options"}
+    unknown = set(settings) - allowed
     if unknown:
         raise TypeError(
             f"snapshot() got unexpected settings {sorted(unknown)}; expected root, "
-            "version, key, ignore, schema or options"
+            "version, key, ignore, ignore_globals, schema or options"
         )
     if fn is None:
         return lambda f: Stage(f, **settings)
