@@ -617,8 +617,7 @@ def fingerprint_stage(
     version : str, optional
         The user's version, folded in as its own part.
     key : callable, optional
-        ``key(*args, **kwargs)`` is hashed instead of the arguments (code, inputs, upstream
-        stay).
+        ``key(*args, **kwargs)`` is hashed instead of the arguments (code and inputs stay).
     ignore : collection of str
         Argument names (or keywords caught by ``**kwargs``) left out; recorded in details.
     ignore_globals : collection of str
