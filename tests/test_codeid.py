@@ -19,6 +19,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+from test_fingerprint import configure, fp  # the shared call helpers of the fingerprint tests
 
 from snapstore.errors import FingerprintError
 from snapstore.fingerprint import (
@@ -30,15 +31,6 @@ from snapstore.fingerprint import (
 )
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
-GOLDEN = Path(__file__).with_name("fingerprint_golden.json")
-
-
-def fp(fn: Any, *args: Any, **kwargs: Any) -> Fingerprint:
-    return fingerprint_stage(fn, args, kwargs, format_version=1)
-
-
-def configure(items: list[Any], cfg: dict[str, Any] | None = None, lr: float = 0.1):
-    yield items
 
 
 TREE_SOURCES = {
