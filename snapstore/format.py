@@ -180,13 +180,6 @@ def shard_footer(entries: np.ndarray[Any, Any]) -> bytes:
     )
 
 
-def parse_shard_footer(tail: bytes, shard: str) -> int:
-    """Number of blocks a shard's last 16 bytes announce."""
-    if len(tail) != 16 or tail[8:] != SHARD_FOOTER_MAGIC:
-        raise FormatError(f"shard {shard!r} has no snapstore footer; it is truncated or foreign")
-    return int(struct.unpack("<Q", tail[:8])[0])
-
-
 def write_index(entries: np.ndarray[Any, Any]) -> bytes:
     """Serialize the block index: magic, count, zstd-compressed rows."""
     body = zstandard.ZstdCompressor(level=3).compress(entries.astype(INDEX_DTYPE).tobytes())
