@@ -186,7 +186,8 @@ def epoch_plan(reader: Any) -> Any:
 
 def child_snap_read(workload: str, n: int, directory: str, **_: Any) -> dict[str, Any]:
     from snapstore.plan import shuffle_quality
-    from snapstore.reader import BatchReader, SnapshotReader
+    from snapstore.batches import BatchReader
+    from snapstore.reader import SnapshotReader
     from snapstore.store import LocalStore
 
     _warm(directory)
@@ -195,7 +196,7 @@ def child_snap_read(workload: str, n: int, directory: str, **_: Any) -> dict[str
     key = "label" if workload == "img" else "id"
     t0 = time.perf_counter()
     plan = epoch_plan(reader)
-    batches = iter(BatchReader(reader, BATCH, plan, drop_last=False))
+    batches = iter(BatchReader(reader, BATCH, options=plan.options))
     first = next(batches)
     ttfb = time.perf_counter() - t0
     order = [first[key]]

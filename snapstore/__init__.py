@@ -9,11 +9,13 @@
 >>> for batch in snap.batches(256, shuffle=True, epoch=0): ...       # doctest: +SKIP
 """
 
+from .batches import BatchReader
 from .errors import (
     AmbiguousFingerprintError,
     CorruptBlockError,
     FingerprintError,
     FormatError,
+    ResumeError,
     SchemaError,
     SnapshotNotFoundError,
     SnapstoreError,
@@ -23,7 +25,7 @@ from .errors import (
 from .fingerprint import Fingerprint
 from .format import FORMAT_VERSION
 from .inputs import InputError, Inputs, files
-from .reader import BatchReader
+from .prefetch import ReadStats
 from .schema import Field, Schema
 from .snapshot import Snapshot, Stage, open, snapshot
 from .store import FsspecStore, LocalStore, Store, default_root, open_store
@@ -41,6 +43,8 @@ __all__ = [
     "FingerprintError",
     "FormatError",
     "FsspecStore",
+    "ReadStats",
+    "ResumeError",
     "InputError",
     "Inputs",
     "LocalStore",

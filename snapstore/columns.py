@@ -245,3 +245,20 @@ def _take_rows(col: np.ndarray[Any, Any], rows: np.ndarray[Any, Any]) -> np.ndar
         return col[rows[0] : rows[-1] + 1]
     taken: np.ndarray[Any, Any] = col[rows]
     return taken
+
+
+def pad_ragged(
+    arrays: list[np.ndarray[Any, Any]], field: Field
+) -> tuple[np.ndarray[Any, Any], np.ndarray[Any, Any]]:
+    """Zero-pad a batch of varying-shape arrays to their largest shape.
+
+    Returns the padded array ``(batch, *max_shape)`` and the true shapes: ``(batch,)`` lengths
+    for 1-D fields, ``(batch, ndim)`` for higher ranks.
+    """
+    ndim = len(field.shape or ())
+    shapes = np.array([a.shape for a in arrays], dtype=np.int64).reshape(len(arrays), ndim)
+    top = shapes.max(axis=0) if len(arrays) else np.zeros(ndim, np.int64)
+    padded = np.zeros((len(arrays), *top.tolist()), dtype=field.np_dtype)
+    for out, a in zip(padded, arrays):
+        out[tuple(slice(0, n) for n in a.shape)] = a
+    return padded, shapes[:, 0].copy() if ndim == 1 else shapes

@@ -24,6 +24,7 @@ __all__ = [
     "CorruptBlockError",
     "FingerprintError",
     "FormatError",
+    "ResumeError",
     "SchemaError",
     "SnapshotNotFoundError",
     "SnapstoreError",
@@ -86,3 +87,7 @@ class StageError(SnapstoreError, RuntimeError):
 
 class StoreError(SnapstoreError, OSError):
     """The storage backend failed (permission, space, network, missing bucket)."""
+
+
+class ResumeError(SnapstoreError, ValueError):
+    """A resume state does not fit the reader: another snapshot, order or partition."""

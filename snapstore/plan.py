@@ -16,8 +16,13 @@ The global order ``G`` of an epoch (length ``N``, the total number of rows):
    keyed 64-bit hash. A window is bounded by the settings, so this O(S_w) array is allowed, and
    one sort costs far less than a Feistel network's fixed per-call work on small domains.
 
-Ranks then read contiguous slices of ``G`` (see :class:`EpochPlan`), so each rank touches about
-``1 / world_size`` of the blocks and ``G`` itself never depends on the number of ranks.
+Consumers (a rank's DataLoader workers, composed with the ranks: consumer
+``rank * num_workers + worker`` of ``world_size * num_workers``) then read contiguous slices of
+``G`` (see :class:`EpochPlan`), so each touches about ``1 / consumers`` of the blocks and ``G``
+itself never depends on the number of consumers. What is elastic: ``G``, and each consumer's
+samples depend only on the total number of consumers, so 2 ranks of 2 workers read exactly what 4
+ranks of 1 worker read. What is not: a consumer's slice changes with the total, so a mid-epoch
+resume state is valid only for the same total (a new total starts at an epoch boundary).
 Changing any of this changes every stored order and requires a format version bump.
 """
 
@@ -279,13 +284,15 @@ def _check_block_rows(block_rows: npt.ArrayLike) -> IntArray:
 
 
 class EpochPlan:
-    """The samples one rank reads in one epoch, in order, as global sample indices.
+    """The samples one consumer reads in one epoch, in order, as global sample indices.
 
-    A sample's global index is its position in written order. Rank partition rule: with
-    ``per = N // world_size`` if ``drop_last`` else ``ceil(N / world_size)``, rank ``r`` reads
-    ``G[(r * per + i) mod N]`` for ``i in range(per)``. Every rank reads exactly ``per`` samples;
-    together they read every sample once, plus fewer than ``world_size`` repeated from the start
-    of ``G`` (padding), or minus the last ``N - world_size * per`` of ``G`` (``drop_last``).
+    A sample's global index is its position in written order. Consumers compose ranks and
+    workers: ``C = world_size * num_workers`` consumers, this one is
+    ``c = rank * num_workers + worker``. Partition rule: with ``per = N // C`` if ``drop_last``
+    else ``ceil(N / C)``, consumer ``c`` reads ``G[(c * per + i) mod N]`` for ``i in range(per)``.
+    Every consumer reads exactly ``per`` samples; together they read every sample once, plus
+    fewer than ``C`` repeated from the start of ``G`` (padding), or minus the last
+    ``N - C * per`` of ``G`` (``drop_last``).
 
     Parameters
     ----------
@@ -296,7 +303,9 @@ class EpochPlan:
     rank : int
         This consumer's rank, ``0 <= rank < world_size``.
     world_size : int
-        Number of consumers, ``>= 1``.
+        Number of ranks, ``>= 1``.
+    worker, num_workers : int
+        This consumer's place among its rank's workers (DataLoader worker id and count).
     options : PlanOptions
         Shuffle, seed, window size and the drop/pad rule.
 
@@ -305,8 +314,10 @@ class EpochPlan:
     total_samples : int
         ``N``, the number of rows in the snapshot.
     num_samples : int
-        Samples this rank reads this epoch (the same for every rank).
-    epoch, rank, world_size : int
+        Samples this consumer reads this epoch (the same for every consumer).
+    consumer, num_consumers : int
+        ``rank * num_workers + worker`` and ``world_size * num_workers``.
+    epoch, rank, world_size, worker, num_workers : int
         The validated arguments.
     options : PlanOptions
         The options the plan was built with.
@@ -331,17 +342,24 @@ class EpochPlan:
         rank: int,
         world_size: int,
         options: PlanOptions,
+        worker: int = 0,
+        num_workers: int = 1,
     ) -> None:
         rows = _check_block_rows(block_rows)
         self.epoch = _check_range("epoch", epoch, 0)
         self.world_size = _check_range("world_size", world_size, 1)
         self.rank = _check_range("rank", rank, 0, self.world_size)
+        self.num_workers = _check_range("num_workers", num_workers, 1)
+        self.worker = _check_range("worker", worker, 0, self.num_workers)
+        self.num_consumers = self.world_size * self.num_workers
+        self.consumer = self.rank * self.num_workers + self.worker
         self.options = options
         n_blocks = rows.size
         offsets = np.concatenate(([0], np.cumsum(rows)))
+        self._offsets = offsets
         self.total_samples = int(offsets[-1])
-        n, ws = self.total_samples, self.world_size
-        self.num_samples = n // ws if options.drop_last else -(-n // ws)
+        n, c = self.total_samples, self.num_consumers
+        self.num_samples = n // c if options.drop_last else -(-n // c)
         if options.shuffle:
             key = derive_key(options.seed, self.epoch, BLOCK_DOMAIN)
             self._block_order = permute(np.arange(n_blocks), n_blocks, key)
@@ -363,7 +381,7 @@ class EpochPlan:
         return self._block_order.copy()
 
     def chunks(self, start: int = 0) -> Iterator[IntArray]:
-        """Yield this rank's global sample indices from position ``start`` on, in order.
+        """Yield this consumer's global sample indices from position ``start`` on, in order.
 
         Chunks split at window boundaries and at the wrap-around point, so each is at most one
         window long. Seeking to ``start`` costs O(log B); skipped windows are never generated.
@@ -390,7 +408,7 @@ class EpochPlan:
 
     def _iter_chunks(self, start: int) -> Iterator[IntArray]:
         n, per = self.total_samples, self.num_samples
-        position = (self.rank * per + start) % n
+        position = (self.consumer * per + start) % n
         remaining = per - start
         while remaining:  # at most two segments: before and after the wrap point
             stop = min(n, position + remaining)
@@ -423,7 +441,7 @@ class EpochPlan:
         return self._starts[lo + slot] + (local - g_offsets[slot])
 
     def order(self) -> IntArray:
-        """Return this rank's whole order (``chunks(0)`` concatenated); O(num_samples) memory.
+        """Return this consumer's whole order (``chunks(0)`` concatenated); O(num_samples) memory.
 
         Returns
         -------
@@ -437,7 +455,7 @@ class EpochPlan:
         return (
             f"EpochPlan(total_samples={self.total_samples}, num_samples={self.num_samples}, "
             f"epoch={self.epoch}, rank={self.rank}, world_size={self.world_size}, "
-            f"options={self.options!r})"
+            f"worker={self.worker}, num_workers={self.num_workers}, options={self.options!r})"
         )
 
 

@@ -6,30 +6,34 @@ plain file inside the run. Every block is verified (length and CRC-32) before it
 
 Which samples a consumer reads, and in what order, is decided by :class:`snapstore.plan.EpochPlan`
 (a pure function of the block index, seed, epoch and partition); this module only fetches and
-decodes the blocks the plan names, a bounded number of them ahead of the consumer.
+decodes the blocks the plan names, ahead of the consumer, through :mod:`snapstore.prefetch`.
 """
 
 from __future__ import annotations
 
 import collections
+import contextlib
+import os
 import threading
 from collections.abc import Iterable, Iterator
-from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
 import numpy as np
 
 from . import format as fmt
-from .columns import BlockColumns, RowCopy, gather
+from .columns import BlockColumns
 from .errors import FormatError, SnapshotNotFoundError
 from .plan import EpochPlan, PlanOptions
+from .prefetch import Prefetcher
 from .schema import Schema
 from .store import Store
 
-__all__ = ["BatchReader", "SnapshotReader"]
+__all__ = ["SnapshotReader", "load_manifest"]
 
 # Decoded blocks kept for random access; 8 x 1 MiB blocks by default.
 _RANDOM_ACCESS_CACHE_BLOCKS = 8
+# Requests in flight at most against a remote store: enough for ~1 GB/s at 50 ms per 1 MiB.
+_MAX_REMOTE_REQUESTS = 64
 
 
 def load_manifest(store: Store, fingerprint: str) -> dict[str, Any]:
@@ -79,12 +83,16 @@ class SnapshotReader:
         Where the snapshot lives.
     fingerprint : str
         Its full fingerprint.
-    decode_threads : int
-        Threads that fetch, verify and decompress blocks ahead of the consumer.
+    decode_threads : int, optional
+        Threads that verify and decompress blocks ahead of the consumer; default: the number
+        of CPUs, at most 4.
     """
 
-    def __init__(self, store: Store, fingerprint: str, *, decode_threads: int = 2) -> None:
+    def __init__(
+        self, store: Store, fingerprint: str, *, decode_threads: int | None = None
+    ) -> None:
         self.store = store
+        self.decode_threads = decode_threads or min(4, os.cpu_count() or 1)
         self.fingerprint = fingerprint
         self.manifest = load_manifest(store, fingerprint)
         try:
@@ -96,9 +104,6 @@ class SnapshotReader:
                 f"manifest of {fingerprint} under {store.url} is missing or has a malformed "
                 f"entry ({exc!r}); the snapshot is corrupt: remove it and rebuild it"
             ) from exc
-        self._pool = ThreadPoolExecutor(
-            max(1, decode_threads), thread_name_prefix="snapstore-decode"
-        )
         self._cache: collections.OrderedDict[int, BlockColumns] = collections.OrderedDict()
         self._lock = threading.Lock()
 
@@ -171,17 +176,8 @@ class SnapshotReader:
     def load_block(self, block: int) -> BlockColumns:
         """Fetch, verify and decode one block (no caching)."""
         entry = self.index[block]
-        shard = self.shards[int(entry["shard"])]
-        path = f"{self.run_dir}/{shard}"
-        try:
-            data = self.store.read_range(path, int(entry["offset"]), int(entry["length"]))
-        except FileNotFoundError as exc:
-            raise FormatError(
-                f"shard {self.store.join(path)} of committed snapshot {self.fingerprint} is "
-                "missing; the snapshot is damaged: remove it with `snapstore rm` and rebuild it"
-            ) from exc
-        batch = fmt.decode_block(data, entry, self._arrow_schema, f"{self.run_dir}/{shard}")
-        return BlockColumns(self.schema, batch)
+        path = f"{self.run_dir}/{self.shards[int(entry['shard'])]}"
+        return self._decode(block, self._fetch(path, int(entry["offset"]), int(entry["length"])))
 
     def block(self, block: int) -> BlockColumns:
         """A decoded block, through a small LRU cache for random access."""
@@ -213,113 +209,68 @@ class SnapshotReader:
         block = int(np.searchsorted(self.offsets, index, side="right") - 1)
         return self.block(block).sample(index - int(self.offsets[block]))
 
-    def decoded_chunks(
-        self, chunks: Iterable[np.ndarray[Any, Any]], lookahead: int = 1
-    ) -> Iterator[tuple[np.ndarray[Any, Any], dict[int, BlockColumns]]]:
-        """Pair each chunk of global indices with its decoded blocks, decoding ``lookahead``
-        chunks ahead on the thread pool. Memory: the blocks of ``lookahead + 1`` chunks."""
-        source = iter(chunks)
-        queued: collections.deque[tuple[np.ndarray[Any, Any], list[int]]] = collections.deque()
-        futures: dict[int, Future[BlockColumns]] = {}
+    def prefetch(
+        self,
+        chunks: Iterable[np.ndarray[Any, Any]],
+        *,
+        budget_bytes: int = 64 << 20,
+        max_requests: int | None = None,
+    ) -> Prefetcher:
+        """Start fetching and decoding the blocks of ``chunks`` ahead of use (see
+        :class:`snapstore.prefetch.Prefetcher`); iterate the result for ``(indices, blocks)``.
 
-        def pull() -> None:
-            idx = next(source, None)
-            if idx is None:
-                return
-            blocks, _ = self.locate(idx)
-            order = [int(b) for b in dict.fromkeys(blocks.tolist())]
-            for b in order:
-                if b not in futures:
-                    futures[b] = self._pool.submit(self.load_block, b)
-            queued.append((idx, order))
+        Parameters
+        ----------
+        chunks : Iterable of numpy.ndarray
+            Global sample indices, chunk by chunk (e.g. ``EpochPlan.chunks()``).
+        budget_bytes : int
+            Decoded bytes that may be held ahead of the consumer.
+        max_requests : int, optional
+            Cap on requests in flight: default 64 for remote stores and twice the decode threads
+            for local ones (whose reads are memory-map slices).
+        """
+        local = self.store.local
+        if max_requests is None:
+            max_requests = 2 * self.decode_threads if local else _MAX_REMOTE_REQUESTS
+        if max_requests < 1:
+            raise ValueError(f"max_requests: expected an int >= 1, found {max_requests}")
+        return Prefetcher(
+            chunks,
+            locate=lambda indices: self.locate(indices)[0],
+            index=self.index,
+            paths=[f"{self.run_dir}/{shard}" for shard in self.shards],
+            fetch=self._fetch,
+            decode=self._decode,
+            budget_bytes=budget_bytes,
+            max_requests=max_requests,
+            initial_requests=max_requests if local else min(max_requests, 8),
+            decode_threads=self.decode_threads,
+            local=local,
+        )
 
+    def _fetch(self, path: str, start: int, length: int) -> Any:
         try:
-            for _ in range(lookahead + 1):
-                pull()
-            while queued:
-                idx, order = queued.popleft()
-                decoded = {b: futures[b].result() for b in order}
-                pull()
-                still_needed = {b for _, later in queued for b in later}
-                for b in order:
-                    if b not in still_needed:
-                        futures.pop(b, None)
-                yield idx, decoded
-        finally:
-            for future in futures.values():
-                future.cancel()
+            return self.store.read_range(path, start, length)
+        except FileNotFoundError as exc:
+            raise FormatError(
+                f"shard {self.store.join(path)} of committed snapshot {self.fingerprint} is "
+                "missing; the snapshot is damaged: remove it with `snapstore rm` and rebuild it"
+            ) from exc
+
+    def _decode(self, block: int, data: Any) -> BlockColumns:
+        entry = self.index[block]
+        shard = f"{self.run_dir}/{self.shards[int(entry['shard'])]}"
+        return BlockColumns(self.schema, fmt.decode_block(data, entry, self._arrow_schema, shard))
 
     def __iter__(self) -> Iterator[dict[str, Any]]:
         plan = EpochPlan(self.index["rows"], epoch=0, rank=0, world_size=1, options=PlanOptions())
-        for idx, decoded in self.decoded_chunks(plan.chunks()):
-            blocks, rows = self.locate(idx)
-            for b, r in zip(blocks.tolist(), rows.tolist()):
-                yield decoded[b].sample(r)
+        with contextlib.closing(self.prefetch(plan.chunks())) as prefetcher:
+            for idx, decoded in prefetcher:
+                blocks, rows = self.locate(idx)
+                for b, r in zip(blocks.tolist(), rows.tolist()):
+                    yield decoded[b].sample(r)
 
     def close(self) -> None:
-        """Stop the decode threads and drop cached blocks."""
-        self._pool.shutdown(wait=True, cancel_futures=True)
+        """Drop cached blocks (prefetchers are closed by their own iterators)."""
         with self._lock:
             self._cache.clear()
-
-
-class BatchReader:
-    """Batches of one consumer's share of one epoch, as dicts of numpy arrays.
-
-    Every rank yields the same number of batches (see :class:`snapstore.plan.EpochPlan` for the
-    pad/drop rule); with ``drop_last`` the final short batch is dropped as well.
-    """
-
-    def __init__(
-        self, reader: SnapshotReader, batch_size: int, plan: EpochPlan, drop_last: bool
-    ) -> None:
-        if batch_size < 1:
-            raise ValueError(f"batch_size must be a positive integer, got {batch_size!r}")
-        self.reader = reader
-        self.batch_size = batch_size
-        self.plan = plan
-        self.drop_last = drop_last
-
-    def __len__(self) -> int:
-        full, rest = divmod(self.plan.num_samples, self.batch_size)
-        return full + (1 if rest and not self.drop_last else 0)
-
-    def __iter__(self) -> Iterator[dict[str, Any]]:
-        # Each chunk (a shuffle window, or part of one) is gathered in one go; batches are then
-        # slices of it, zero-copy except for the one batch that straddles two chunks.
-        pieces: collections.deque[list[Any]] = collections.deque()  # [columns, start, stop]
-        buffered = 0
-        for idx, decoded in self.reader.decoded_chunks(self.plan.chunks()):
-            blocks, rows = self.reader.locate(idx)
-            unique, which = np.unique(blocks, return_inverse=True)
-            columns = gather(self.reader.schema, [decoded[int(b)] for b in unique], which, rows)
-            pieces.append([columns, 0, len(idx)])
-            buffered += len(idx)
-            while buffered >= self.batch_size:
-                yield self._take(pieces, self.batch_size)
-                buffered -= self.batch_size
-        if buffered and not self.drop_last:
-            yield self._take(pieces, buffered)
-
-    def _take(self, pieces: collections.deque[list[Any]], size: int) -> dict[str, Any]:
-        parts = []
-        while size:
-            piece = pieces[0]
-            columns, start, stop = piece
-            count = min(size, stop - start)
-            parts.append((columns, start, start + count))
-            piece[1] += count
-            size -= count
-            if piece[1] == stop:
-                pieces.popleft()
-        batch: dict[str, Any] = {}
-        for name in self.reader.schema.names:
-            sliced = [columns[name][a:b] for columns, a, b in parts]
-            sliced = [p.materialize() if isinstance(p, RowCopy) else p for p in sliced]
-            if len(sliced) == 1:
-                batch[name] = sliced[0]
-            elif isinstance(sliced[0], np.ndarray):
-                batch[name] = np.concatenate(sliced)
-            else:
-                batch[name] = [item for part in sliced for item in part]
-        return batch

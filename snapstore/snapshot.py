@@ -15,11 +15,12 @@ from collections.abc import Callable, Collection, Iterable, Iterator, Mapping
 from typing import Any, TypeVar, overload
 
 from . import format as fmt
+from .batches import BatchReader
 from .catalog import previous_of_stage, stored_fingerprint
 from .errors import AmbiguousFingerprintError, SnapshotNotFoundError, StageError
 from .fingerprint import Fingerprint, diff_parts, fingerprint_stage
-from .plan import EpochPlan, PlanOptions
-from .reader import BatchReader, SnapshotReader, load_manifest
+from .plan import PlanOptions
+from .reader import SnapshotReader, load_manifest
 from .schema import Schema
 from .store import Store, open_store
 from .writer import ProgressCallback, SnapshotWriter, WriteOptions
@@ -154,11 +155,16 @@ class Snapshot:
         epoch: int = 0,
         rank: int = 0,
         world_size: int = 1,
+        worker: int = 0,
+        num_workers: int = 1,
         drop_last: bool = False,
         window_bytes: int = 32 << 20,
         window_blocks: int | None = None,
+        prefetch_bytes: int | None = None,
+        max_requests: int | None = None,
+        ragged: str = "list",
     ) -> BatchReader:
-        """Batches of this rank's share of one epoch, as dicts of numpy arrays.
+        """Batches of this consumer's share of one epoch, as dicts of numpy arrays.
 
         Parameters
         ----------
@@ -168,33 +174,57 @@ class Snapshot:
             Shuffle block order across all shards and samples within windows of
             ``window_blocks`` blocks; the order is a pure function of (seed, epoch).
         seed, epoch : int
-            Select the order; change ``epoch`` every epoch.
+            Select the order; change ``epoch`` every epoch (or call ``set_epoch``).
         rank, world_size : int
-            This consumer's place; every rank gets the same number of samples.
+            This process's place among the ranks of a distributed job.
+        worker, num_workers : int
+            This consumer's place among its rank's data-loading workers. Consumers are
+            ``world_size * num_workers`` in all, and every one gets the same number of samples.
         drop_last : bool
-            False: each rank gets ceil(N / world_size) samples, the few missing ones repeated
+            False: each consumer gets ceil(N / consumers) samples, the few missing ones repeated
             from the start of the epoch's order, and the last batch may be short. True: each
-            rank gets floor(N / world_size) samples and short batches are dropped.
+            gets floor(N / consumers) samples and short batches are dropped.
         window_bytes : int
-            Shuffle window: samples are mixed across this many bytes of (decoded) blocks. Reader
-            memory is about twice this. 32 MiB keeps consecutive samples from different blocks
-            ~98% of the time for both benchmark workloads (see benchmarks/README.md).
+            Shuffle window: samples are mixed across this many bytes of (decoded) blocks.
+            32 MiB keeps consecutive samples from different blocks ~98% of the time for both
+            benchmark workloads (see benchmarks/README.md).
         window_blocks : int, optional
             The window as a number of blocks, overriding ``window_bytes``.
+        prefetch_bytes : int, optional
+            Decoded bytes fetched ahead of the consumer; default twice the window, at least
+            64 MiB. Reader memory is about this plus one batch.
+        max_requests : int, optional
+            Cap on byte-range requests in flight (the reader adapts below it); default 64 for
+            remote stores, twice the decode threads for local ones.
+        ragged : {"list", "pad"}
+            Varying-shape array fields as lists of arrays, or zero-padded with their true
+            shapes in ``<name>_lengths``.
 
         Returns
         -------
         BatchReader
-            Iterable of dicts: fixed-shape and numeric fields as stacked arrays, varying-shape
-            arrays as lists of arrays, str and bytes fields as lists.
+            Iterable of batch dicts, with ``get_state()``/``set_state()`` for resuming
+            mid-epoch, ``set_epoch()`` and ``stats()``.
         """
         reader = self._open()
         blocks = window_blocks if window_blocks is not None else reader.window_blocks(window_bytes)
         options = PlanOptions(shuffle=shuffle, seed=seed, window_blocks=blocks, drop_last=drop_last)
-        plan = EpochPlan(
-            reader.index["rows"], epoch=epoch, rank=rank, world_size=world_size, options=options
+        if prefetch_bytes is None:
+            window = int(reader.manifest["raw_bytes"]) / max(1, reader.num_blocks) * blocks
+            prefetch_bytes = max(64 << 20, int(2 * window))
+        return BatchReader(
+            reader,
+            batch_size,
+            options=options,
+            epoch=epoch,
+            rank=rank,
+            world_size=world_size,
+            worker=worker,
+            num_workers=num_workers,
+            prefetch_bytes=prefetch_bytes,
+            max_requests=max_requests,
+            ragged=ragged,
         )
-        return BatchReader(reader, batch_size, plan, drop_last)
 
     def close(self) -> None:
         """Stop reader threads and release open files."""

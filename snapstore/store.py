@@ -68,6 +68,8 @@ class Store(ABC):
     """A directory of files on some storage, addressed by relative ``/``-separated paths."""
 
     url: str
+    # Range reads are memory-map slices: no latency to hide, nothing to coalesce.
+    local: bool = False
 
     def join(self, path: str) -> str:
         """The full URL of a relative path, for messages."""
@@ -172,6 +174,8 @@ class LocalStore(Store):
         Flush files and directories to stable storage before a commit (crash safety against
         power loss, not just process kills). Turn off only for scratch data.
     """
+
+    local = True
 
     def __init__(self, root: str | os.PathLike[str], *, fsync: bool = True) -> None:
         self.root = Path(root).expanduser().absolute()

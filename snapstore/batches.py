@@ -1,0 +1,299 @@
+"""Batches of one consumer's share of an epoch, resumable from a small dict of integers.
+
+:class:`BatchReader` ties the pieces together: the pure :class:`~snapstore.plan.EpochPlan`
+says which samples, in which order; the :class:`~snapstore.prefetch.Prefetcher` fetches and
+decodes their blocks ahead of use; each chunk (a shuffle window, or part of one) is gathered
+into columns once, and batches are slices of it.
+"""
+
+from __future__ import annotations
+
+import collections
+import hashlib
+import logging
+import operator
+from collections.abc import Iterator
+from typing import Any
+
+import numpy as np
+
+from .columns import RowCopy, gather, pad_ragged
+from .errors import ResumeError
+from .plan import EpochPlan, PlanOptions
+from .prefetch import Prefetcher, ReadStats
+from .reader import SnapshotReader
+
+__all__ = ["BatchReader"]
+
+log = logging.getLogger(__name__)
+
+STATE_VERSION = 1
+# What a state must agree on with the reader it is restored into, besides the snapshot.
+_PARTITION_KEYS = (
+    "epoch",
+    "seed",
+    "shuffle",
+    "window_blocks",
+    "drop_last",
+    "rank",
+    "world_size",
+    "worker",
+    "num_workers",
+)
+RAGGED_FORMS = ("list", "pad")
+
+
+def snapshot_id(fingerprint: str) -> int:
+    """A 63-bit integer naming a snapshot inside a resume state."""
+    return int.from_bytes(hashlib.sha256(fingerprint.encode()).digest()[:8], "big") >> 1
+
+
+class BatchReader:
+    """Batches of one consumer's share of one epoch, as dicts of numpy arrays.
+
+    Made by :meth:`snapstore.Snapshot.batches`. Every consumer yields the same number of batches
+    (see :class:`snapstore.plan.EpochPlan` for the pad/drop rule); with ``drop_last`` the final
+    short batch is dropped as well. Iterating again repeats the epoch (from the position given
+    to :meth:`set_state`, if any); :meth:`set_epoch` moves to another epoch.
+
+    Batches hold fixed-shape and numeric fields as stacked arrays; str and bytes fields as
+    lists; varying-shape arrays as lists of arrays (``ragged="list"``), or zero-padded to the
+    batch's largest shape with the true shapes in ``<name>_lengths`` (``ragged="pad"``: shape
+    ``(batch,)`` for 1-D fields, ``(batch, ndim)`` otherwise).
+    """
+
+    def __init__(
+        self,
+        reader: SnapshotReader,
+        batch_size: int,
+        *,
+        options: PlanOptions,
+        epoch: int = 0,
+        rank: int = 0,
+        world_size: int = 1,
+        worker: int = 0,
+        num_workers: int = 1,
+        prefetch_bytes: int = 64 << 20,
+        max_requests: int | None = None,
+        ragged: str = "list",
+    ) -> None:
+        if isinstance(batch_size, bool) or operator.index(batch_size) < 1:
+            raise ValueError(f"batch_size must be a positive integer, got {batch_size!r}")
+        if ragged not in RAGGED_FORMS:
+            raise ValueError(f"ragged: expected one of {RAGGED_FORMS}, found {ragged!r}")
+        if ragged == "pad":
+            names = set(reader.schema.names)
+            for field in reader.schema.fields:
+                extra = f"{field.name}_lengths"
+                if field.kind == "array" and not field.fixed and extra in names:
+                    raise ValueError(
+                        f"ragged='pad' would add field {extra!r}, which the snapshot already "
+                        "has; use ragged='list'"
+                    )
+        if prefetch_bytes < 1:
+            raise ValueError(f"prefetch_bytes: expected a positive int, found {prefetch_bytes}")
+        self.reader = reader
+        self.batch_size = int(batch_size)
+        self.options = options
+        self.ragged = ragged
+        self.prefetch_bytes = prefetch_bytes
+        self.max_requests = max_requests
+        self._place = {"rank": rank, "world_size": world_size}
+        self._place |= {"worker": worker, "num_workers": num_workers}
+        self.plan = self._plan(epoch)
+        self._start = 0  # where the next pass starts (set_state)
+        self._position = 0  # samples yielded so far in the current pass
+        self._prefetcher: Prefetcher | None = None
+        self._stats = ReadStats()
+
+    def _plan(self, epoch: int) -> EpochPlan:
+        rows = self.reader.index["rows"]
+        return EpochPlan(rows, epoch=epoch, options=self.options, **self._place)
+
+    @property
+    def epoch(self) -> int:
+        """The epoch this reader yields."""
+        return self.plan.epoch
+
+    def set_epoch(self, epoch: int) -> None:
+        """Yield epoch ``epoch`` from the next pass on (from its start)."""
+        self.plan = self._plan(epoch)
+        self._start = self._position = 0
+
+    def __len__(self) -> int:
+        full, rest = divmod(self.plan.num_samples, self.batch_size)
+        return full + (1 if rest and not self.options.drop_last else 0)
+
+    # -- resume -----------------------------------------------------------------------------
+
+    def get_state(self) -> dict[str, int]:
+        """Where this reader is: a small dict of integers, for a checkpoint.
+
+        ``position`` counts the samples of this epoch already yielded; restoring the state with
+        :meth:`set_state` in any process continues with the next one.
+        """
+        plan, options = self.plan, self.options
+        return {
+            "version": STATE_VERSION,
+            "snapshot": snapshot_id(self.reader.fingerprint),
+            "epoch": plan.epoch,
+            "seed": int(options.seed),
+            "shuffle": int(options.shuffle),
+            "window_blocks": int(options.window_blocks),
+            "drop_last": int(options.drop_last),
+            "rank": plan.rank,
+            "world_size": plan.world_size,
+            "worker": plan.worker,
+            "num_workers": plan.num_workers,
+            "position": self._position if self._prefetcher is not None else self._start,
+        }
+
+    def set_state(self, state: dict[str, int]) -> None:
+        """Continue from ``state`` (from :meth:`get_state`) on the next pass.
+
+        The reader must read the same snapshot with the same order and partition; only the
+        position is taken from the state. Nothing before it is fetched or decoded.
+
+        Raises
+        ------
+        ResumeError
+            If the state is malformed, from another snapshot, or for another epoch, seed,
+            shuffle window or partition; the message names the differing settings.
+        """
+        if not isinstance(state, dict):
+            raise ResumeError(f"expected a state dict from get_state(), found {type(state)}")
+        mine = self.get_state()
+        missing = sorted(set(mine) - set(state))
+        if missing:
+            raise ResumeError(
+                f"resume state is missing {missing}; pass the dict get_state() returned"
+            )
+        if state["version"] != STATE_VERSION:
+            raise ResumeError(
+                f"resume state has version {state['version']}, this snapstore reads "
+                f"version {STATE_VERSION}"
+            )
+        if state["snapshot"] != mine["snapshot"]:
+            raise ResumeError(
+                f"resume state belongs to another snapshot, not {self.reader.fingerprint}; "
+                "restore it into a reader of the snapshot it was saved from"
+            )
+        differ = [f"{k}={state[k]} (reader has {mine[k]})" for k in _PARTITION_KEYS]
+        differ = [d for k, d in zip(_PARTITION_KEYS, differ) if state[k] != mine[k]]
+        if differ:
+            raise ResumeError(
+                "resume state is for another order or partition: "
+                + ", ".join(differ)
+                + "; create the reader with the same settings (snap.batches(...)) as the one "
+                "that saved it. A different number of ranks or workers can only start a new epoch."
+            )
+        position = state["position"]
+        if not isinstance(position, int) or not 0 <= position <= self.plan.num_samples:
+            raise ResumeError(
+                f"resume state position must be in [0, {self.plan.num_samples}], found {position!r}"
+            )
+        if self._prefetcher is not None:
+            raise ResumeError("set_state() while a pass is running; call it before iterating")
+        self._start = self._position = position
+
+    # -- iteration --------------------------------------------------------------------------
+
+    def stats(self) -> ReadStats:
+        """Stats of the current pass, or of the last one when none is running."""
+        if self._prefetcher is not None:
+            stats = self._prefetcher.snapshot_stats()
+            stats.samples, stats.batches = self._stats.samples, self._stats.batches
+            return stats
+        return self._stats
+
+    def close(self) -> None:
+        """Stop the current pass's threads (iterating again starts a new pass)."""
+        if self._prefetcher is not None:
+            self._end_pass()
+
+    def __enter__(self) -> BatchReader:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _end_pass(self) -> None:
+        prefetcher, self._prefetcher = self._prefetcher, None
+        if prefetcher is None:
+            return
+        prefetcher.close()
+        samples, batches = self._stats.samples, self._stats.batches
+        self._stats = prefetcher.snapshot_stats()
+        self._stats.samples, self._stats.batches = samples, batches
+        log.debug("epoch %d pass: %s", self.plan.epoch, self._stats)
+
+    def __iter__(self) -> Iterator[dict[str, Any]]:
+        self.close()
+        start = self._start
+        self._start = 0
+        self._position = start
+        self._stats = ReadStats()
+        self._prefetcher = self.reader.prefetch(
+            self.plan.chunks(start),
+            budget_bytes=self.prefetch_bytes,
+            max_requests=self.max_requests,
+        )
+        return self._batches(self._prefetcher)
+
+    def _batches(self, prefetcher: Prefetcher) -> Iterator[dict[str, Any]]:
+        # Each chunk is gathered in one go; batches are then slices of it, zero-copy except for
+        # the one batch that straddles two chunks.
+        pieces: collections.deque[list[Any]] = collections.deque()  # [columns, start, stop]
+        buffered = 0
+        schema = self.reader.schema
+        try:
+            for idx, decoded in prefetcher:
+                blocks, rows = self.reader.locate(idx)
+                unique, which = np.unique(blocks, return_inverse=True)
+                columns = gather(schema, [decoded[int(b)] for b in unique], which, rows)
+                pieces.append([columns, 0, len(idx)])
+                buffered += len(idx)
+                while buffered >= self.batch_size:
+                    buffered -= self.batch_size
+                    yield self._emit(pieces, self.batch_size)
+            if buffered and not self.options.drop_last:
+                yield self._emit(pieces, buffered)
+        finally:
+            if self._prefetcher is prefetcher:
+                self._end_pass()
+            else:
+                prefetcher.close()
+
+    def _emit(self, pieces: collections.deque[list[Any]], size: int) -> dict[str, Any]:
+        batch = self._take(pieces, size)
+        self._position += size
+        self._stats.samples += size
+        self._stats.batches += 1
+        return batch
+
+    def _take(self, pieces: collections.deque[list[Any]], size: int) -> dict[str, Any]:
+        parts = []
+        while size:
+            piece = pieces[0]
+            columns, start, stop = piece
+            count = min(size, stop - start)
+            parts.append((columns, start, start + count))
+            piece[1] += count
+            size -= count
+            if piece[1] == stop:
+                pieces.popleft()
+        batch: dict[str, Any] = {}
+        for field in self.reader.schema.fields:
+            name = field.name
+            sliced = [columns[name][a:b] for columns, a, b in parts]
+            sliced = [p.materialize() if isinstance(p, RowCopy) else p for p in sliced]
+            if len(sliced) == 1:
+                value = sliced[0]
+            elif isinstance(sliced[0], np.ndarray):
+                value = np.concatenate(sliced)
+            else:
+                value = [item for part in sliced for item in part]
+            if self.ragged == "pad" and field.kind == "array" and not field.fixed:
+                value, batch[f"{name}_lengths"] = pad_ragged(value, field)
+            batch[name] = value
+        return batch

@@ -1,0 +1,568 @@
+"""The prefetcher: fetch and decode the blocks an epoch plan needs next, in parallel, ahead of use.
+
+One :class:`Prefetcher` serves one pass over a sequence of chunks (arrays of global sample
+indices, from :meth:`snapstore.plan.EpochPlan.chunks`). Three kinds of thread share the work:
+
+- a scheduler walks the chunks, turns the blocks each one needs into byte-range requests
+  (adjacent blocks of a shard coalesced into one request, up to ``max_request_bytes``), and
+  admits them while fewer than :attr:`Concurrency.limit` requests are in flight and the bytes
+  held ahead of the consumer stay inside ``budget_bytes`` (the chunk the consumer waits for is
+  always admitted, so a window larger than the budget cannot deadlock);
+- an I/O pool runs the requests (``fetch(path, start, length)``), retrying transient errors
+  and completing short reads a bounded number of times;
+- a decode pool verifies and decodes each block (checksum, decompression, Arrow), off the
+  consumer's thread.
+
+Local stores skip the I/O pool: a "read" is a slice of a memory map, so the decode pool does it
+and the bytes are never copied.
+
+The number of requests in flight adapts (:class:`Concurrency`): by Little's law a consumer that
+uses ``rate`` requests per second needs ``rate * latency`` of them in flight; the limit follows
+that estimate (with headroom), doubles whenever the consumer has to wait while the limit, not the
+budget, held requests back, and decays when nobody waits.
+
+Every thread stops in :meth:`Prefetcher.close`; an exception in any of them is raised to the
+consumer, unchanged, when it reaches the block (or the chunk) that failed.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import math
+import threading
+import time
+from collections.abc import Callable, Iterable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import numpy as np
+
+from .errors import FormatError, StoreError
+
+__all__ = ["Concurrency", "Prefetcher", "ReadStats"]
+
+log = logging.getLogger(__name__)
+
+Fetch = Callable[[str, int, int], Any]
+Decode = Callable[[int, Any], Any]
+
+# Errors worth trying again: the network and the store's own failures. A missing file, a denied
+# permission or a corrupt block is not transient.
+_PERMANENT = (FileNotFoundError, PermissionError, IsADirectoryError, NotADirectoryError)
+_TRANSIENT = (OSError, StoreError, TimeoutError, ConnectionError)
+
+
+@dataclass
+class ReadStats:
+    """What one pass over an epoch (or part of one) cost.
+
+    Attributes
+    ----------
+    samples, batches : int
+        Delivered to the consumer.
+    blocks, requests, bytes : int
+        Blocks decoded, range requests made (after coalescing) and stored bytes fetched.
+    retries : int
+        Requests repeated after a transient error or a short read.
+    latency_mean, latency_p95 : float
+        Seconds per request (NaN before the first one).
+    stall : float
+        Seconds the consumer waited for data after the first chunk arrived.
+    startup : float
+        Seconds from the start of the pass until the first chunk was ready.
+    wall : float
+        Seconds from the start of the pass to its end (or to now).
+    concurrency : float
+        Requests in flight on average over the pass (Little's law: request-seconds / wall).
+    max_in_flight : int
+        The most requests in flight at once.
+    limit : int
+        The concurrency limit when the pass ended.
+    """
+
+    samples: int = 0
+    batches: int = 0
+    blocks: int = 0
+    requests: int = 0
+    bytes: int = 0
+    retries: int = 0
+    latency_mean: float = math.nan
+    latency_p95: float = math.nan
+    stall: float = 0.0
+    startup: float = 0.0
+    wall: float = 0.0
+    concurrency: float = 0.0
+    max_in_flight: int = 0
+    limit: int = 0
+
+    def as_dict(self) -> dict[str, Any]:
+        """The stats as a plain dict (JSON-ready)."""
+        return asdict(self)
+
+    def __str__(self) -> str:
+        return (
+            f"{self.samples} samples, {self.bytes / 1e6:.1f} MB in {self.requests} requests "
+            f"(latency mean {self.latency_mean * 1e3:.1f} ms, p95 {self.latency_p95 * 1e3:.1f} "
+            f"ms), concurrency {self.concurrency:.1f} (limit {self.limit}), stall "
+            f"{self.stall:.3f} s of {self.wall:.3f} s, startup {self.startup:.3f} s"
+        )
+
+
+class Concurrency:
+    """How many requests to keep in flight, from what was measured (pure, not thread-safe).
+
+    Parameters
+    ----------
+    maximum : int
+        Upper bound on the limit.
+    initial : int
+        Starting limit (clamped to ``[1, maximum]``).
+    headroom : float
+        Multiplier on the Little's-law estimate, to absorb latency variance.
+    """
+
+    def __init__(self, maximum: int, initial: int = 8, headroom: float = 2.0) -> None:
+        if maximum < 1:
+            raise ValueError(f"Concurrency: expected maximum >= 1, found {maximum}")
+        self.maximum = maximum
+        self.limit = max(1, min(initial, maximum))
+        self.headroom = headroom
+        self._latency = math.nan  # EWMA of request seconds
+        self._rate = math.nan  # EWMA of requests consumed per second
+        self._last_consumed: float | None = None
+
+    def record_latency(self, seconds: float) -> None:
+        """A request took ``seconds`` end to end."""
+        a = 0.2
+        self._latency = (
+            seconds if math.isnan(self._latency) else (1 - a) * self._latency + a * seconds
+        )
+
+    def record_consumed(self, requests: float, now: float) -> None:
+        """The consumer finished with data worth ``requests`` requests at time ``now``."""
+        if self._last_consumed is not None and now > self._last_consumed:
+            rate = requests / (now - self._last_consumed)
+            a = 0.3
+            self._rate = rate if math.isnan(self._rate) else (1 - a) * self._rate + a * rate
+        self._last_consumed = now
+
+    def target(self) -> int:
+        """Little's law with headroom: requests needed in flight to keep up (1 if unknown)."""
+        if math.isnan(self._rate) or math.isnan(self._latency):
+            return self.limit
+        return max(1, min(self.maximum, math.ceil(self._rate * self._latency * self.headroom)))
+
+    def on_stall(self, limited: bool) -> None:
+        """The consumer waited; ``limited`` says the limit (not the budget) held requests back."""
+        if limited:
+            self.limit = min(self.maximum, max(self.limit * 2, self.target()))
+
+    def on_idle(self) -> None:
+        """A chunk was consumed without waiting: drift down towards the estimate."""
+        target = self.target()
+        if target < self.limit:
+            self.limit = max(target, self.limit - max(1, self.limit // 8))
+        elif target > self.limit:
+            self.limit = target
+
+
+@dataclass
+class _Request:
+    """One byte range of one shard, covering whole blocks."""
+
+    path: str
+    start: int
+    length: int
+    blocks: list[tuple[int, int, int]]  # (block, offset inside the range, length)
+    costs: list[int]  # decoded bytes of each block, charged against the budget
+    chunk: int  # the first chunk that needs it
+
+    @property
+    def cost(self) -> int:
+        return sum(self.costs)
+
+
+@dataclass
+class _Chunk:
+    indices: np.ndarray[Any, Any]
+    blocks: list[int]
+    requests: int = 0  # requests first needed by this chunk
+
+
+class Prefetcher:
+    """Fetch and decode the blocks of ``chunks`` ahead of the consumer; iterate for the results.
+
+    Iterating yields ``(indices, {block: decoded})`` per chunk, in order. Use it once.
+
+    Parameters
+    ----------
+    chunks : Iterable of numpy.ndarray
+        Global sample indices, chunk by chunk (consumed on the scheduler thread).
+    locate : callable
+        ``locate(indices) -> blocks``: the block number of each global index.
+    index : numpy structured array
+        The block index (``shard``, ``offset``, ``length``, ``raw_length`` per block).
+    paths : list of str
+        Store path of each shard, by shard number.
+    fetch : callable
+        ``fetch(path, start, length)``: bytes (any buffer) of a range; may return fewer bytes.
+    decode : callable
+        ``decode(block, data)``: the decoded block; raises on corruption.
+    budget_bytes : int
+        Decoded bytes that may be fetched ahead of the consumer (the chunk it waits for is
+        always admitted).
+    max_requests : int
+        Most requests in flight at once.
+    initial_requests : int
+        Requests in flight to start with, before anything is measured.
+    decode_threads : int
+        Threads that verify and decode.
+    local : bool
+        Reads are cheap memory-map slices: run them on the decode threads, one block each.
+    max_request_bytes : int
+        Coalesce adjacent blocks into requests up to this size (not for local stores).
+    retries : int
+        Extra attempts for a request after a transient error or a read that came back short.
+    """
+
+    def __init__(
+        self,
+        chunks: Iterable[np.ndarray[Any, Any]],
+        *,
+        locate: Callable[[np.ndarray[Any, Any]], np.ndarray[Any, Any]],
+        index: np.ndarray[Any, Any],
+        paths: list[str],
+        fetch: Fetch,
+        decode: Decode,
+        budget_bytes: int,
+        max_requests: int = 64,
+        initial_requests: int = 8,
+        decode_threads: int = 2,
+        local: bool = False,
+        max_request_bytes: int = 8 << 20,
+        retries: int = 3,
+    ) -> None:
+        if budget_bytes < 1:
+            raise ValueError(
+                f"prefetch budget: expected a positive number of bytes, found {budget_bytes}"
+            )
+        self._chunks = iter(chunks)
+        self._locate = locate
+        self._index = index
+        self._paths = paths
+        self._fetch = fetch
+        self._decode = decode
+        self.budget_bytes = budget_bytes
+        self._local = local
+        self._max_request_bytes = 0 if local else max_request_bytes
+        self._retries = retries
+        self.concurrency = Concurrency(max_requests, initial_requests)
+
+        self._cond = threading.Condition()
+        self._tickets: list[_Chunk] = []
+        self._scheduled_all = False
+        self._failure: BaseException | None = None  # the scheduler's own failure
+        self._ready: dict[int, Any] = {}  # block -> decoded block or the exception it raised
+        self._refs: dict[int, int] = {}  # block -> chunks not yet consumed that need it
+        self._cost: dict[int, int] = {}
+        self._held = 0  # decoded bytes admitted and not yet released
+        self._in_flight = 0
+        self._waiting_chunk = 0  # the chunk the consumer needs next
+        self._stopped = False
+        self._waited = False  # the consumer stalled on the current chunk
+        self._latencies: list[float] = []
+        self.stats = ReadStats(limit=self.concurrency.limit)
+        self._started = time.perf_counter()
+        self._busy = 0.0  # request-seconds
+
+        self._decoders = ThreadPoolExecutor(max(1, decode_threads), "snapstore-decode")
+        self._io = None if local else ThreadPoolExecutor(max_requests, "snapstore-fetch")
+        self._scheduler = threading.Thread(
+            target=self._schedule, name="snapstore-prefetch", daemon=True
+        )
+        self._scheduler.start()
+
+    # -- scheduler thread -------------------------------------------------------------------
+
+    def _schedule(self) -> None:
+        try:
+            for number, indices in enumerate(self._chunks):
+                blocks = self._locate(indices)
+                _, first = np.unique(blocks, return_index=True)
+                order = [int(b) for b in blocks[np.sort(first)]]
+                fresh = []
+                with self._cond:
+                    if self._stopped:
+                        return
+                    for b in order:
+                        if b in self._refs:
+                            self._refs[b] += 1
+                        else:
+                            self._refs[b] = 1
+                            fresh.append(b)
+                    self._tickets.append(_Chunk(indices, order))
+                    self._cond.notify_all()
+                for request in self._requests(fresh, number):
+                    if not self._admit(request):
+                        return
+                    self._submit(request)
+        except BaseException as exc:  # handed to the consumer
+            with self._cond:
+                self._failure = exc
+                self._cond.notify_all()
+        finally:
+            with self._cond:
+                self._scheduled_all = True
+                self._cond.notify_all()
+
+    def _requests(self, blocks: list[int], chunk: int) -> Iterator[_Request]:
+        """Group ``blocks`` into byte-range requests: per shard, by offset, adjacent ones merged."""
+        if not blocks:
+            return
+        entries = self._index[blocks]
+        shard = entries["shard"].astype(np.int64)
+        offset = entries["offset"].astype(np.int64)
+        length = entries["length"].astype(np.int64)
+        raw = entries["raw_length"].astype(np.int64)
+        current: _Request | None = None
+        for k in np.lexsort((offset, shard)).tolist():
+            b, s, o, n = blocks[k], int(shard[k]), int(offset[k]), int(length[k])
+            path = self._paths[s]
+            if (
+                current is not None
+                and current.path == path
+                and 0 <= o - (current.start + current.length) < 4096
+                and o + n - current.start <= self._max_request_bytes
+            ):
+                current.blocks.append((b, o - current.start, n))
+                current.costs.append(int(raw[k]))
+                current.length = o + n - current.start
+                continue
+            if current is not None:
+                yield current
+            current = _Request(path, o, n, [(b, 0, n)], [int(raw[k])], chunk)
+        if current is not None:
+            yield current
+
+    def _admit(self, request: _Request) -> bool:
+        """Wait until ``request`` may start; False if the prefetcher was closed meanwhile."""
+        with self._cond:
+            while not self._stopped:
+                urgent = request.chunk <= self._waiting_chunk
+                fits = self._held == 0 or self._held + request.cost <= self.budget_bytes
+                if self._in_flight < self.concurrency.limit and (fits or urgent):
+                    self._in_flight += 1
+                    self._held += request.cost
+                    for (b, _, _), cost in zip(request.blocks, request.costs):
+                        self._cost[b] = cost
+                    self._tickets[request.chunk].requests += 1
+                    self.stats.max_in_flight = max(self.stats.max_in_flight, self._in_flight)
+                    return True
+                self._cond.wait()
+            return False
+
+    def _submit(self, request: _Request) -> None:
+        if self._io is None:
+            self._decoders.submit(self._run_local, request)
+        else:
+            self._io.submit(self._run_remote, request)
+
+    # -- pool threads -----------------------------------------------------------------------
+
+    def _run_local(self, request: _Request) -> None:
+        try:
+            data = self._read(request)
+        except BaseException as exc:  # handed to the consumer
+            self._finish(request, 0.0, 0, exc)
+            return
+        self._finish(request, 0.0, request.length, None)
+        self._decode_all(request, data)
+
+    def _run_remote(self, request: _Request) -> None:
+        began = time.perf_counter()
+        try:
+            data = self._read(request)
+        except BaseException as exc:  # handed to the consumer
+            self._finish(request, time.perf_counter() - began, 0, exc)
+            return
+        self._finish(request, time.perf_counter() - began, request.length, None)
+        with contextlib.suppress(RuntimeError):  # the pool shut down: the prefetcher is closed
+            self._decoders.submit(self._decode_all, request, data)
+
+    def _read(self, request: _Request) -> Any:
+        """The request's bytes; transient errors and short reads are retried a bounded number
+        of times, with exponential backoff."""
+        parts: list[Any] = []
+        have = 0
+        attempt = 0
+        while have < request.length:
+            if self._stopped:
+                raise RuntimeError("prefetcher closed")
+            try:
+                data = self._fetch(request.path, request.start + have, request.length - have)
+            except _PERMANENT:
+                raise
+            except _TRANSIENT as exc:
+                attempt += 1
+                if attempt > self._retries:
+                    raise
+                self._retried(attempt, exc)
+                continue
+            size = memoryview(data).nbytes
+            if size == 0:
+                attempt += 1
+                if attempt > self._retries:
+                    raise FormatError(
+                        f"shard {request.path} ends before byte {request.start + request.length} "
+                        f"(read stopped at {request.start + have}); the snapshot is damaged: "
+                        "run `snapstore verify`, remove it with `snapstore rm` and rebuild it"
+                    )
+                self._retried(attempt, None)
+                continue
+            parts.append(data)
+            have += size
+        if len(parts) == 1:
+            return parts[0]
+        return b"".join(bytes(p) for p in parts)
+
+    def _retried(self, attempt: int, exc: BaseException | None) -> None:
+        with self._cond:
+            self.stats.retries += 1
+        why = f"{type(exc).__name__}: {exc}" if exc is not None else "short read"
+        log.debug("retrying a read (attempt %d) after %s", attempt + 1, why)
+        time.sleep(min(1.0, 0.05 * 2 ** (attempt - 1)))
+
+    def _finish(
+        self, request: _Request, seconds: float, nbytes: int, error: BaseException | None
+    ) -> None:
+        with self._cond:
+            self._in_flight -= 1
+            self.stats.requests += 1
+            self.stats.bytes += nbytes
+            if seconds:
+                self._latencies.append(seconds)
+                self._busy += seconds
+                self.concurrency.record_latency(seconds)
+            if error is not None:
+                for b, _, _ in request.blocks:
+                    self._ready[b] = error
+            self._cond.notify_all()
+
+    def _decode_all(self, request: _Request, data: Any) -> None:
+        view = memoryview(data) if not isinstance(data, memoryview) else data
+        for b, offset, length in request.blocks:
+            result: Any
+            try:
+                result = self._decode(b, view[offset : offset + length])
+            except BaseException as exc:  # handed to the consumer
+                result = exc
+            with self._cond:
+                self._ready[b] = result
+                self.stats.blocks += 1
+                self._cond.notify_all()
+
+    # -- consumer ---------------------------------------------------------------------------
+
+    def __iter__(self) -> Iterator[tuple[np.ndarray[Any, Any], dict[int, Any]]]:
+        number = 0
+        try:
+            while True:
+                chunk = self._wait_chunk(number)
+                if chunk is None:
+                    return
+                decoded = self._wait_blocks(chunk)
+                yield chunk.indices, decoded
+                del decoded
+                self._release(chunk)
+                number += 1
+        finally:
+            self.close()
+
+    def _wait_chunk(self, number: int) -> _Chunk | None:
+        with self._cond:
+            self._waiting_chunk = number
+            self._cond.notify_all()
+            began, limited = time.perf_counter(), self._limited()
+            while number >= len(self._tickets) and not self._scheduled_all:
+                self._cond.wait()
+            self._stalled(began, number, limited)
+            if self._failure is not None and number >= len(self._tickets):
+                raise self._failure
+            return self._tickets[number] if number < len(self._tickets) else None
+
+    def _wait_blocks(self, chunk: _Chunk) -> dict[int, Any]:
+        with self._cond:
+            began, limited = time.perf_counter(), self._limited()
+            decoded: dict[int, Any] = {}
+            for b in chunk.blocks:
+                while b not in self._ready:
+                    if self._failure is not None:
+                        raise self._failure
+                    self._cond.wait()
+                value = self._ready[b]
+                if isinstance(value, BaseException):
+                    raise value
+                decoded[b] = value
+            self._stalled(began, self._waiting_chunk, limited)
+            return decoded
+
+    def _limited(self) -> bool:
+        """Requests are held back by the concurrency limit, not the budget (lock held)."""
+        return self._in_flight >= self.concurrency.limit
+
+    def _stalled(self, began: float, number: int, limited: bool) -> None:
+        """Account the wait that began at ``began`` (lock held); adapt concurrency."""
+        waited = time.perf_counter() - began
+        if number == 0:
+            self.stats.startup += waited
+        elif waited > 1e-4:
+            self.stats.stall += waited
+            self._waited = True
+            self.concurrency.on_stall(limited)
+            self._cond.notify_all()
+
+    def _release(self, chunk: _Chunk) -> None:
+        with self._cond:
+            for b in chunk.blocks:
+                self._refs[b] -= 1
+                if not self._refs[b]:
+                    del self._refs[b]
+                    self._ready.pop(b, None)
+                    self._held -= self._cost.pop(b, 0)
+            self.stats.samples += len(chunk.indices)
+            self.concurrency.record_consumed(chunk.requests, time.perf_counter())
+            if not self._waited:
+                self.concurrency.on_idle()
+            self._waited = False
+            self._tickets[self._waiting_chunk] = _Chunk(chunk.indices[:0], [])
+            self._cond.notify_all()
+
+    def snapshot_stats(self) -> ReadStats:
+        """The stats so far (a copy)."""
+        with self._cond:
+            stats = ReadStats(**asdict(self.stats))
+            stats.wall = time.perf_counter() - self._started
+            if self._latencies:
+                stats.latency_mean = float(np.mean(self._latencies))
+                stats.latency_p95 = float(np.percentile(self._latencies, 95))
+            stats.concurrency = self._busy / stats.wall if stats.wall > 0 else 0.0
+            stats.limit = self.concurrency.limit
+            return stats
+
+    def close(self) -> None:
+        """Stop every thread; blocks not yet consumed are dropped. Safe to call twice."""
+        with self._cond:
+            if self._stopped:
+                return
+            self._stopped = True
+            self._cond.notify_all()
+        if threading.current_thread() is not self._scheduler:
+            self._scheduler.join()
+        if self._io is not None:
+            self._io.shutdown(wait=True, cancel_futures=True)
+        self._decoders.shutdown(wait=True, cancel_futures=True)
+        with self._cond:
+            self._ready.clear()
+            self._tickets.clear()
