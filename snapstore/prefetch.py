@@ -40,6 +40,7 @@ from typing import Any
 import numpy as np
 
 from .errors import FormatError, StoreError
+from .format import BLOCK_ALIGNMENT
 
 __all__ = ["Concurrency", "Prefetcher", "ReadStats"]
 
@@ -52,6 +53,9 @@ Decode = Callable[[int, Any], Any]
 # permission or a corrupt block is not transient.
 _PERMANENT = (FileNotFoundError, PermissionError, IsADirectoryError, NotADirectoryError)
 _TRANSIENT = (OSError, StoreError, TimeoutError, ConnectionError)
+# Blocks this close are read in one request: the zero padding that aligns blocks, no more (a
+# larger gap would be another window's block, fetched and then thrown away).
+_MAX_GAP = BLOCK_ALIGNMENT
 
 
 @dataclass
@@ -333,7 +337,7 @@ class Prefetcher:
             if (
                 current is not None
                 and current.path == path
-                and 0 <= o - (current.start + current.length) < 4096
+                and 0 <= o - (current.start + current.length) < _MAX_GAP
                 and o + n - current.start <= self._max_request_bytes
             ):
                 current.blocks.append((b, o - current.start, n))

@@ -24,7 +24,7 @@ from . import format as fmt
 from .columns import BlockColumns
 from .errors import FormatError, SnapshotNotFoundError
 from .plan import EpochPlan, PlanOptions
-from .prefetch import Prefetcher
+from .prefetch import Fetch, Prefetcher
 from .schema import Schema
 from .store import Store
 
@@ -215,6 +215,7 @@ class SnapshotReader:
         *,
         budget_bytes: int = 64 << 20,
         max_requests: int | None = None,
+        fetch: Fetch | None = None,
     ) -> Prefetcher:
         """Start fetching and decoding the blocks of ``chunks`` ahead of use (see
         :class:`snapstore.prefetch.Prefetcher`); iterate the result for ``(indices, blocks)``.
@@ -228,6 +229,9 @@ class SnapshotReader:
         max_requests : int, optional
             Cap on requests in flight: default 64 for remote stores and twice the decode threads
             for local ones (whose reads are memory-map slices).
+        fetch : callable, optional
+            ``fetch(path, start, length)`` to use instead of the store's range read (to inject
+            latency or faults, or to route reads elsewhere); paths are relative to the store.
         """
         local = self.store.local
         if max_requests is None:
@@ -239,7 +243,7 @@ class SnapshotReader:
             locate=lambda indices: self.locate(indices)[0],
             index=self.index,
             paths=[f"{self.run_dir}/{shard}" for shard in self.shards],
-            fetch=self._fetch,
+            fetch=fetch or self._fetch,
             decode=self._decode,
             budget_bytes=budget_bytes,
             max_requests=max_requests,

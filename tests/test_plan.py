@@ -194,6 +194,40 @@ def test_ranks_partition_the_global_order(case: dict) -> None:
         np.testing.assert_array_equal(joined, global_order)
 
 
+@settings(max_examples=200, deadline=None)
+@given(case=plan_cases, workers=st.integers(1, 4))
+def test_workers_compose_with_ranks(case: dict, workers: int) -> None:
+    """Rank r's worker w is consumer r * workers + w of world * workers: the same samples as
+    that rank of a job with world * workers single-worker ranks, equal counts, exact cover."""
+    rows, world = case["rows"], case["world"]
+    options = PlanOptions(
+        shuffle=case["shuffle"],
+        seed=case["seed"],
+        window_blocks=case["window_blocks"],
+        drop_last=case["drop_last"],
+    )
+    flat = rank_orders(rows, options, case["epoch"], world * workers)
+    composed = [
+        EpochPlan(
+            rows,
+            epoch=case["epoch"],
+            rank=r,
+            world_size=world,
+            worker=w,
+            num_workers=workers,
+            options=options,
+        ).order()
+        for r in range(world)
+        for w in range(workers)
+    ]
+    assert len({o.size for o in composed}) == 1
+    for got, want in zip(composed, flat, strict=True):
+        np.testing.assert_array_equal(got, want)
+    counts = np.bincount(np.concatenate(composed), minlength=sum(rows))
+    if not options.drop_last and sum(rows):
+        assert counts.min() >= 1
+
+
 def test_order_does_not_depend_on_world_size() -> None:
     rows = [3, 0, 7, 5, 1, 9, 4, 4, 2, 6, 8, 1]  # 50 samples
     options = PlanOptions(shuffle=True, seed=11, window_blocks=3)
@@ -344,6 +378,8 @@ def test_golden_orders() -> None:
         ({"rank": 2, "world_size": 2}, r"expected rank in \[0, 2\), found 2"),
         ({"rank": -1}, r"expected rank in \[0, 1\), found -1"),
         ({"epoch": -1}, r"expected epoch >= 0, found -1"),
+        ({"num_workers": 0}, r"expected num_workers >= 1, found 0"),
+        ({"worker": 3, "num_workers": 3}, r"expected worker in \[0, 3\), found 3"),
         ({"block_rows": [[1, 2]]}, r"expected 1-D block_rows, found shape \(1, 2\)"),
         ({"block_rows": [1, -2]}, r"expected block_rows in \[0, 2\*\*62\), found values"),
         ({"block_rows": [1.5]}, r"expected integer block_rows, found dtype float64"),

@@ -1,0 +1,300 @@
+"""The prefetcher against injected latency, errors and short reads; its threads; its controller."""
+
+from __future__ import annotations
+
+import gc
+import mmap
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+import fsspec
+import numpy as np
+import pytest
+
+import snapstore
+from snapstore.errors import CorruptBlockError, FormatError
+from snapstore.plan import EpochPlan, PlanOptions
+from snapstore.prefetch import Concurrency, Prefetcher
+from snapstore.reader import SnapshotReader
+from snapstore.store import FsspecStore, LocalStore
+from snapstore.writer import WriteOptions
+
+N = 3000
+
+
+def stage(n: int):
+    for i in range(n):
+        yield {"id": i, "pad": np.full(40, i % 251, np.uint8)}
+
+
+def write(root: Any) -> str:
+    snap = snapstore.snapshot(
+        stage, root=root, options=WriteOptions(block_min_rows=1, block_bytes=2048)
+    )(N)
+    snap.materialize()
+    snap.close()
+    return snap.fingerprint
+
+
+@pytest.fixture
+def remote() -> SnapshotReader:
+    """A snapshot on fsspec's memory filesystem: the remote (threaded I/O) path."""
+    fs = fsspec.filesystem("memory")
+    root = f"/prefetch-{time.monotonic_ns()}"
+    store = FsspecStore(fs, root)
+    reader = SnapshotReader(store, write(store))
+    assert not store.local and reader.num_blocks > 40
+    yield reader
+    reader.close()
+    fs.rm(root, recursive=True)
+
+
+def prefetcher(reader: SnapshotReader, fetch: Callable[..., Any] | None = None, **kw: Any):
+    plan = EpochPlan(
+        reader.index["rows"],
+        epoch=1,
+        rank=0,
+        world_size=1,
+        options=PlanOptions(shuffle=True, seed=5, window_blocks=kw.pop("window_blocks", 8)),
+    )
+    return plan, reader.prefetch(plan.chunks(), fetch=fetch, **kw)
+
+
+def ids(reader: SnapshotReader, pf: Prefetcher) -> np.ndarray:
+    out = []
+    for idx, decoded in pf:
+        blocks, rows = reader.locate(idx)
+        out.extend(int(decoded[int(b)].column("id")[r]) for b, r in zip(blocks, rows))
+    return np.array(out)
+
+
+def snapstore_threads() -> list[threading.Thread]:
+    return [t for t in threading.enumerate() if t.name.startswith("snapstore-")]
+
+
+def test_reads_the_plan_in_order(remote: SnapshotReader) -> None:
+    plan, pf = prefetcher(remote)
+    np.testing.assert_array_equal(ids(remote, pf), plan.order())
+    stats = pf.snapshot_stats()
+    assert stats.blocks == remote.num_blocks and stats.samples == N
+    assert stats.requests <= remote.num_blocks
+    stored = int(remote.index["length"].sum())  # plus the alignment padding between blocks
+    assert stored <= stats.bytes < stored + 64 * stats.requests
+    assert stats.retries == 0 and stats.max_in_flight >= 1
+    assert not snapstore_threads()
+
+
+def test_transient_errors_are_retried(remote: SnapshotReader) -> None:
+    failures: dict[tuple[str, int], int] = {}
+    lock = threading.Lock()
+
+    def flaky(path: str, start: int, length: int) -> Any:
+        with lock:
+            seen = failures.get((path, start), 0)
+            failures[(path, start)] = seen + 1
+        if seen < 2:  # every request fails twice, then works
+            raise ConnectionError("connection reset by peer")
+        return remote.store.read_range(path, start, length)
+
+    plan, pf = prefetcher(remote, flaky)
+    np.testing.assert_array_equal(ids(remote, pf), plan.order())
+    assert pf.snapshot_stats().retries >= 2 * pf.snapshot_stats().requests
+
+
+def test_a_persistent_error_reaches_the_consumer_with_its_cause(remote: SnapshotReader) -> None:
+    calls = []
+
+    def broken(path: str, start: int, length: int) -> Any:
+        calls.append(path)
+        raise TimeoutError(f"read of {path} timed out")
+
+    _, pf = prefetcher(remote, broken, max_requests=4)
+    with pytest.raises(TimeoutError, match="timed out") as info:
+        ids(remote, pf)
+    assert info.value.__traceback__ is not None
+    # The request that failed was tried 1 + 3 times; retries stop once the reader closes.
+    assert len(calls) >= 4
+    assert not snapstore_threads()
+
+
+def test_a_permanent_error_is_not_retried(remote: SnapshotReader) -> None:
+    calls = []
+
+    def missing(path: str, start: int, length: int) -> Any:
+        calls.append(path)
+        raise FileNotFoundError(path)
+
+    _, pf = prefetcher(remote, missing, max_requests=1)
+    with pytest.raises(FileNotFoundError):
+        ids(remote, pf)
+    assert len(calls) == 1
+
+
+def test_missing_shard_is_a_format_error_naming_it(remote: SnapshotReader) -> None:
+    shard = f"{remote.run_dir}/{remote.shards[0]}"
+    remote.store.fs.rm(remote.store._path(shard))
+    plan, pf = prefetcher(remote)
+    with pytest.raises(FormatError, match=r"shard .* is missing; the snapshot is damaged"):
+        ids(remote, pf)
+
+
+def test_short_reads_are_completed(remote: SnapshotReader) -> None:
+    def short(path: str, start: int, length: int) -> Any:
+        return remote.store.read_range(path, start, max(1, length // 3))
+
+    plan, pf = prefetcher(remote, short)
+    np.testing.assert_array_equal(ids(remote, pf), plan.order())
+    assert pf.snapshot_stats().retries == 0
+
+
+def test_a_truncated_shard_is_reported(remote: SnapshotReader) -> None:
+    def empty(path: str, start: int, length: int) -> Any:
+        return b""
+
+    _, pf = prefetcher(remote, empty, max_requests=2)
+    with pytest.raises(FormatError, match=r"ends before byte \d+ \(read stopped at \d+\)"):
+        ids(remote, pf)
+
+
+def test_corrupt_bytes_raise_corrupt_block_error(remote: SnapshotReader) -> None:
+    def corrupt(path: str, start: int, length: int) -> Any:
+        data = bytearray(remote.store.read_range(path, start, length))
+        data[len(data) // 2] ^= 0xFF
+        return bytes(data)
+
+    _, pf = prefetcher(remote, corrupt)
+    with pytest.raises(CorruptBlockError, match="checksum mismatch") as info:
+        ids(remote, pf)
+    assert info.value.shard.startswith(remote.run_dir)
+
+
+def test_injected_latency_is_hidden_by_parallel_requests(remote: SnapshotReader) -> None:
+    """64 blocks in 8 windows behind 30 ms per request: requests overlap (about one round trip
+    per window, not one per block)."""
+    in_flight = [0, 0]
+    lock = threading.Lock()
+
+    def slow(path: str, start: int, length: int) -> Any:
+        with lock:
+            in_flight[0] += 1
+            in_flight[1] = max(in_flight)
+        time.sleep(0.03)
+        with lock:
+            in_flight[0] -= 1
+        return remote.store.read_range(path, start, length)
+
+    plan, pf = prefetcher(remote, slow, window_blocks=8, budget_bytes=1 << 20)
+    began = time.perf_counter()
+    np.testing.assert_array_equal(ids(remote, pf), plan.order())
+    seconds = time.perf_counter() - began
+    stats = pf.snapshot_stats()
+    assert in_flight[1] >= 8 and stats.max_in_flight >= 8
+    assert stats.concurrency > 2.0
+    # One request after another would take requests x 30 ms; overlap makes it a fraction.
+    assert seconds < 0.5 * stats.requests * 0.03
+
+
+def test_budget_bounds_bytes_held_ahead(remote: SnapshotReader) -> None:
+    window = 4
+    budget = 16 << 10
+    held: list[int] = []
+    box: list[Prefetcher] = []
+
+    def watch(path: str, start: int, length: int) -> Any:
+        if box:
+            held.append(box[0]._held)
+        return remote.store.read_range(path, start, length)
+
+    _, pf = prefetcher(remote, watch, window_blocks=window, budget_bytes=budget)
+    box.append(pf)
+    for _ in pf:
+        time.sleep(0.001)  # a slow consumer: the prefetcher runs into the budget
+    largest_chunk = window * int(remote.index["raw_length"].max())
+    assert held and max(held) <= budget + largest_chunk
+
+
+def test_a_window_larger_than_the_budget_does_not_deadlock(remote: SnapshotReader) -> None:
+    plan, pf = prefetcher(remote, window_blocks=64, budget_bytes=1)
+    np.testing.assert_array_equal(ids(remote, pf), plan.order())
+
+
+def test_close_mid_epoch_stops_every_thread(remote: SnapshotReader) -> None:
+    def slow(path: str, start: int, length: int) -> Any:
+        time.sleep(0.01)
+        return remote.store.read_range(path, start, length)
+
+    _, pf = prefetcher(remote, slow)
+    it = iter(pf)
+    next(it)
+    assert snapstore_threads()
+    pf.close()
+    pf.close()  # twice is fine
+    assert not snapstore_threads()
+
+
+def test_abandoned_iterators_stop_their_threads(tmp_path) -> None:
+    snap = snapstore.open(write(tmp_path), root=tmp_path)
+    reader = snap.batches(16, shuffle=True, window_blocks=4)
+    it = iter(reader)
+    next(it)
+    assert snapstore_threads()
+    del it
+    gc.collect()
+    assert not snapstore_threads()
+    # A second abandoned pass, through a reader that is itself dropped.
+    it = iter(snap.batches(16))
+    next(it)
+    del it
+    gc.collect()
+    assert not snapstore_threads()
+    snap.close()
+
+
+def test_local_store_reads_are_memory_map_views(tmp_path) -> None:
+    fingerprint = write(tmp_path)
+    reader = SnapshotReader(LocalStore(tmp_path), fingerprint)
+    seen: list[Any] = []
+
+    def spy(path: str, start: int, length: int) -> Any:
+        data = reader.store.read_range(path, start, length)
+        seen.append(data)
+        return data
+
+    plan, pf = prefetcher(reader, spy)
+    np.testing.assert_array_equal(ids(reader, pf), plan.order())
+    # One request per block (no coalescing copies), each a view into the shard's mapping.
+    assert len(seen) == reader.num_blocks
+    assert all(isinstance(d, memoryview) and isinstance(d.obj, mmap.mmap) for d in seen)
+    reader.close()
+
+
+def test_concurrency_follows_littles_law() -> None:
+    c = Concurrency(maximum=64, initial=4)
+    assert c.target() == 4  # nothing measured yet
+    for _ in range(20):
+        c.record_latency(0.05)
+    now = 0.0
+    for _ in range(20):
+        now += 0.01  # 100 requests per second consumed
+        c.record_consumed(1, now)
+    # 100/s x 50 ms = 5 in flight, with 2x headroom: 10.
+    assert c.target() == 10
+    c.on_stall(limited=False)  # the budget held requests back: more concurrency would not help
+    assert c.limit == 4
+    c.on_stall(limited=True)
+    assert c.limit == 10
+    c.on_stall(limited=True)
+    assert c.limit == 20
+    c.on_stall(limited=True)
+    c.on_stall(limited=True)
+    assert c.limit == 64  # capped
+    for _ in range(100):
+        c.on_idle()  # nobody waits: drift back down to the estimate
+    assert c.limit == 10
+
+
+def test_concurrency_rejects_a_bad_maximum() -> None:
+    with pytest.raises(ValueError, match="expected maximum >= 1, found 0"):
+        Concurrency(0)
