@@ -145,7 +145,7 @@ class BatchReader:
             "world_size": plan.world_size,
             "worker": plan.worker,
             "num_workers": plan.num_workers,
-            "position": self._position if self._prefetcher is not None else self._start,
+            "position": self._position,
         }
 
     def set_state(self, state: dict[str, int]) -> None:

@@ -103,3 +103,60 @@ def test_bad_arguments(snap) -> None:
         snap.batches(0)
     with pytest.raises(ValueError, match="rank"):
         snap.batches(8, rank=4, world_size=4)
+    with pytest.raises(ValueError, match=r"ragged: expected one of \('list', 'pad'\), found 'x'"):
+        snap.batches(8, ragged="x")
+    with pytest.raises(ValueError, match="prefetch_bytes: expected a positive int, found 0"):
+        snap.batches(8, prefetch_bytes=0)
+    with pytest.raises(ValueError, match="max_requests: expected an int >= 1, found 0"):
+        iter(snap.batches(8, max_requests=0))
+
+
+def test_workers_and_ranks_split_evenly(snap) -> None:
+    parts = [
+        np.concatenate(ids(snap, shuffle=True, rank=r, world_size=2, worker=w, num_workers=3))
+        for r in range(2)
+        for w in range(3)
+    ]
+    assert {len(p) for p in parts} == {-(-1003 // 6)}
+    assert set(np.concatenate(parts).tolist()) == set(range(1003))
+
+
+def test_ragged_pad_gives_padded_arrays_and_lengths(snap) -> None:
+    for batch in snap.batches(64, shuffle=True, ragged="pad"):
+        lengths = batch["tok_lengths"]
+        np.testing.assert_array_equal(lengths, batch["id"] % 7)
+        tok = batch["tok"]
+        assert tok.dtype == np.int16 and tok.shape == (len(lengths), lengths.max())
+        for row, n in zip(tok, lengths):
+            np.testing.assert_array_equal(row[:n], np.arange(n))
+            assert not row[n:].any()
+
+
+def test_ragged_pad_of_higher_rank_fields(tmp_path) -> None:
+    def grids(n: int):
+        for i in range(n):
+            yield {"g": np.ones((1 + i % 3, 2 + i % 2), np.float32)}
+
+    snap = snapstore.snapshot(grids, root=str(tmp_path))(10)
+    batch = next(iter(snap.batches(10, ragged="pad")))
+    assert batch["g"].shape == (10, 3, 3)
+    np.testing.assert_array_equal(batch["g_lengths"][:3], [[1, 2], [2, 3], [3, 2]])
+    assert batch["g"][0].sum() == 2 and batch["g"][2].sum() == 6
+    snap.close()
+
+
+def test_stats_describe_the_pass(snap, caplog) -> None:
+    reader = snap.batches(100, shuffle=True)
+    with caplog.at_level("DEBUG", logger="snapstore.batches"):
+        for _ in reader:
+            pass
+    stats = reader.stats()
+    assert (stats.samples, stats.batches) == (1003, 11)
+    assert stats.blocks == len(snap._open().index)
+    if snap.store.local:
+        assert stats.requests == stats.blocks  # memory-map slices: one per block
+    else:
+        assert stats.requests == 1  # one window: its blocks are adjacent, so one range read
+    assert stats.bytes > 0 and stats.wall > 0 and stats.stall >= 0 and stats.startup >= 0
+    assert set(stats.as_dict()) >= {"latency_mean", "latency_p95", "concurrency", "stall"}
+    assert any("1003 samples" in r.getMessage() for r in caplog.records)
