@@ -5,9 +5,11 @@ indices, from :meth:`snapstore.plan.EpochPlan.chunks`). Three kinds of thread sh
 
 - a scheduler walks the chunks, turns the blocks each one needs into byte-range requests
   (adjacent blocks of a shard coalesced into one request, up to ``max_request_bytes``), and
-  admits them while fewer than :attr:`Concurrency.limit` requests are in flight and the bytes
-  held ahead of the consumer stay inside ``budget_bytes`` (the chunk the consumer waits for is
-  always admitted, so a window larger than the budget cannot deadlock);
+  admits them while fewer than :attr:`Concurrency.limit` requests are in flight and the decoded
+  bytes fetched ahead of the consumer stay inside ``budget_bytes``. The chunk the consumer is
+  waiting for is admitted at once (up to the maximum number of requests, whatever the budget),
+  so a cold start costs about one round trip and a window larger than the budget cannot
+  deadlock;
 - an I/O pool runs the requests (``fetch(path, start, length)``), retrying transient errors
   and completing short reads a bounded number of times;
 - a decode pool verifies and decodes each block (checksum, decompression, Arrow), off the
@@ -215,8 +217,8 @@ class Prefetcher:
     decode : callable
         ``decode(block, data)``: the decoded block; raises on corruption.
     budget_bytes : int
-        Decoded bytes that may be fetched ahead of the consumer (the chunk it waits for is
-        always admitted).
+        Decoded bytes that may be fetched ahead of the chunk the consumer holds (the chunk it
+        waits for is always admitted). Memory is about this plus the consumer's chunk.
     max_requests : int
         Most requests in flight at once.
     initial_requests : int
@@ -354,9 +356,14 @@ class Prefetcher:
         """Wait until ``request`` may start; False if the prefetcher was closed meanwhile."""
         with self._cond:
             while not self._stopped:
-                urgent = request.chunk <= self._waiting_chunk
-                fits = self._held == 0 or self._held + request.cost <= self.budget_bytes
-                if self._in_flight < self.concurrency.limit and (fits or urgent):
+                # The chunk the consumer waits for goes out at once, up to the maximum number of
+                # requests and whatever the budget; the limit and budget pace reading ahead.
+                if request.chunk <= self._waiting_chunk:
+                    admit = self._in_flight < self.concurrency.maximum
+                else:
+                    fits = self._held == 0 or self._held + request.cost <= self.budget_bytes
+                    admit = fits and self._in_flight < self.concurrency.limit
+                if admit:
                     self._in_flight += 1
                     self._held += request.cost
                     for (b, _, _), cost in zip(request.blocks, request.costs):
@@ -509,6 +516,8 @@ class Prefetcher:
                 if isinstance(value, BaseException):
                     raise value
                 decoded[b] = value
+            for b in chunk.blocks:  # handed over: the budget counts only what lies ahead
+                self._held -= self._cost.pop(b, 0)
             self._stalled(began, self._waiting_chunk, limited)
             return decoded
 
@@ -534,7 +543,6 @@ class Prefetcher:
                 if not self._refs[b]:
                     del self._refs[b]
                     self._ready.pop(b, None)
-                    self._held -= self._cost.pop(b, 0)
             self.stats.samples += len(chunk.indices)
             self.concurrency.record_consumed(chunk.requests, time.perf_counter())
             if not self._waited:

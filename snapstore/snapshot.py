@@ -191,8 +191,9 @@ class Snapshot:
         window_blocks : int, optional
             The window as a number of blocks, overriding ``window_bytes``.
         prefetch_bytes : int, optional
-            Decoded bytes fetched ahead of the consumer; default twice the window, at least
-            64 MiB. Reader memory is about this plus one batch.
+            Decoded bytes fetched ahead of the window being consumed: by default two windows
+            (at least 64 MiB) on a local store, four (at least 128 MiB) on a remote one. Reader
+            memory is about this plus one window.
         max_requests : int, optional
             Cap on byte-range requests in flight (the reader adapts below it); default 64 for
             remote stores, twice the decode threads for local ones.
@@ -210,8 +211,11 @@ class Snapshot:
         blocks = window_blocks if window_blocks is not None else reader.window_blocks(window_bytes)
         options = PlanOptions(shuffle=shuffle, seed=seed, window_blocks=blocks, drop_last=drop_last)
         if prefetch_bytes is None:
+            # Enough to read ahead across a window boundary; a remote store needs more in flight
+            # (bandwidth x latency), so it gets twice as much.
             window = int(reader.manifest["raw_bytes"]) / max(1, reader.num_blocks) * blocks
-            prefetch_bytes = max(64 << 20, int(2 * window))
+            ahead = 2 if reader.store.local else 4
+            prefetch_bytes = max(ahead * 32 << 20, int(ahead * window))
         return BatchReader(
             reader,
             batch_size,

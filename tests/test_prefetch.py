@@ -123,13 +123,13 @@ def test_a_permanent_error_is_not_retried(remote: SnapshotReader) -> None:
     calls = []
 
     def missing(path: str, start: int, length: int) -> Any:
-        calls.append(path)
+        calls.append((path, start))
         raise FileNotFoundError(path)
 
     _, pf = prefetcher(remote, missing, max_requests=1)
     with pytest.raises(FileNotFoundError):
         ids(remote, pf)
-    assert len(calls) == 1
+    assert calls and len(set(calls)) == len(calls)  # no request was tried twice
 
 
 def test_missing_shard_is_a_format_error_naming_it(remote: SnapshotReader) -> None:
@@ -298,3 +298,24 @@ def test_concurrency_follows_littles_law() -> None:
 def test_concurrency_rejects_a_bad_maximum() -> None:
     with pytest.raises(ValueError, match="expected maximum >= 1, found 0"):
         Concurrency(0)
+
+
+def test_through_the_latency_simulator_a_window_costs_about_one_round_trip(tmp_path) -> None:
+    from snapstore.simulate import simulated_store
+
+    fingerprint = write(tmp_path)
+    store = simulated_store(tmp_path, ttfb=0.05)
+    snap = snapstore.open(fingerprint, root=store)
+    reader = snap.batches(100, shuffle=True, window_blocks=16)
+    blocks = len(snap._open().index)
+    windows = -(-blocks // 16)
+    store.fs.reset_counters()
+    began = time.perf_counter()
+    assert sum(len(b["id"]) for b in reader) == N
+    seconds = time.perf_counter() - began
+    # Each window's 16 blocks are requested together: 16 requests in flight at once, and the
+    # epoch takes a few round trips per window at most, far from one round trip per block.
+    assert store.fs.max_concurrent >= 16
+    assert reader.stats().requests == store.fs.requests <= blocks  # adjacent blocks coalesce
+    assert seconds < 0.05 * (3 * windows + 4) < 0.05 * blocks / 2
+    snap.close()
