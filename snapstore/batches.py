@@ -28,19 +28,19 @@ __all__ = ["BatchReader"]
 log = logging.getLogger(__name__)
 
 STATE_VERSION = 1
-# What a state must agree on with the reader it is restored into, besides the snapshot.
-_PARTITION_KEYS = (
-    "epoch",
-    "seed",
-    "shuffle",
-    "window_blocks",
-    "drop_last",
-    "rank",
-    "world_size",
-    "worker",
-    "num_workers",
-)
+# What a state must agree on with the reader it is restored into, besides the snapshot. The
+# partition is compared as (consumer, consumers): 2 ranks of 2 workers read what 4 ranks of 1 do.
+_ORDER_KEYS = ("epoch", "seed", "shuffle", "window_blocks", "drop_last")
 RAGGED_FORMS = ("list", "pad")
+
+
+def _consumer(state: dict[str, Any]) -> tuple[Any, Any]:
+    """(consumer, consumers) of a state: its place in the partition."""
+    try:
+        workers = state["num_workers"]
+        return state["rank"] * workers + state["worker"], state["world_size"] * workers
+    except TypeError as exc:
+        raise ResumeError(f"resume state holds a non-integer partition field ({exc})") from exc
 
 
 def snapshot_id(fingerprint: str) -> int:
@@ -151,8 +151,10 @@ class BatchReader:
     def set_state(self, state: dict[str, int]) -> None:
         """Continue from ``state`` (from :meth:`get_state`) on the next pass.
 
-        The reader must read the same snapshot with the same order and partition; only the
-        position is taken from the state. Nothing before it is fetched or decoded.
+        The reader must read the same snapshot in the same order (epoch, seed, shuffle, window,
+        drop_last) as the same consumer: the same ``rank * num_workers + worker`` out of the
+        same ``world_size * num_workers``, however that total is split into ranks and workers.
+        Only the position is taken from the state. Nothing before it is fetched or decoded.
 
         Raises
         ------
@@ -178,8 +180,16 @@ class BatchReader:
                 f"resume state belongs to another snapshot, not {self.reader.fingerprint}; "
                 "restore it into a reader of the snapshot it was saved from"
             )
-        differ = [f"{k}={state[k]} (reader has {mine[k]})" for k in _PARTITION_KEYS]
-        differ = [d for k, d in zip(_PARTITION_KEYS, differ) if state[k] != mine[k]]
+        differ = [
+            f"{k}={state[k]} (reader has {mine[k]})" for k in _ORDER_KEYS if state[k] != mine[k]
+        ]
+        theirs = _consumer(state)
+        if theirs != _consumer(mine):
+            differ.append(
+                f"consumer {theirs[0]} of {theirs[1]} (reader is consumer "
+                f"{_consumer(mine)[0]} of {_consumer(mine)[1]}; consumer = rank * num_workers + "
+                "worker, of world_size * num_workers)"
+            )
         if differ:
             raise ResumeError(
                 "resume state is for another order or partition: "

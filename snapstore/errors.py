@@ -11,6 +11,7 @@ clauses keep working::
     ├── AmbiguousFingerprintError(SnapstoreError, KeyError)
     ├── FormatError(SnapstoreError, ValueError)       a file is not what the format says
     │   └── CorruptBlockError                         a block's checksum does not match
+    ├── ResumeError(SnapstoreError, ValueError)       a resume state does not fit the reader
     ├── StageError(SnapstoreError, RuntimeError)      the stage did not return samples
     └── StoreError(SnapstoreError, OSError)           the storage backend failed
 

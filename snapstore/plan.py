@@ -210,13 +210,14 @@ class PlanOptions:
     seed : int
         Any integer; with ``epoch`` it keys every permutation.
     window_blocks : int
-        Samples are shuffled within windows of this many consecutive (permuted) blocks. 64 blocks
-        of the default 256 KiB are 16 MiB decoded; consecutive samples then come from different
-        blocks 63 times in 64, so the mean distance between consecutive reads is about 0.95 of a
-        uniform shuffle's (see :func:`shuffle_quality` and benchmarks/README.md).
+        Samples are shuffled within windows of this many consecutive (permuted) blocks. With 64
+        blocks consecutive samples come from different blocks 63 times in 64, and the mean
+        distance between consecutive reads is about 0.95 of a uniform shuffle's (see
+        :func:`shuffle_quality`); ``Snapshot.batches`` sizes it from ``window_bytes`` (32 MiB,
+        about 128 blocks of 256 KiB).
     drop_last : bool
-        If true, drop the last ``N mod world_size`` samples of the epoch order; otherwise pad the
-        last ranks by wrapping around to the start of the order.
+        If true, drop the last ``N mod consumers`` samples of the epoch order; otherwise pad
+        the last consumers by wrapping around to the start of the order.
     """
 
     shuffle: bool = False
@@ -389,7 +390,7 @@ class EpochPlan:
         Parameters
         ----------
         start : int
-            Position in this rank's order to resume from, ``0 <= start <= num_samples``.
+            Position in this consumer's order to resume from, ``0 <= start <= num_samples``.
 
         Returns
         -------

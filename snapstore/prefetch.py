@@ -30,6 +30,7 @@ consumer, unchanged, when it reaches the block (or the chunk) that failed.
 from __future__ import annotations
 
 import contextlib
+import errno
 import logging
 import math
 import threading
@@ -52,8 +53,9 @@ Fetch = Callable[[str, int, int], Any]
 Decode = Callable[[int, Any], Any]
 
 # Errors worth trying again: the network and the store's own failures. A missing file, a denied
-# permission or a corrupt block is not transient.
+# permission or a corrupt block is not transient (StoreError keeps the errno it translated).
 _PERMANENT = (FileNotFoundError, PermissionError, IsADirectoryError, NotADirectoryError)
+_PERMANENT_ERRNOS = {errno.ENOENT, errno.EACCES, errno.EPERM, errno.EISDIR, errno.ENOTDIR}
 _TRANSIENT = (OSError, StoreError, TimeoutError, ConnectionError)
 # Blocks this close are read in one request: the zero padding that aligns blocks, no more (a
 # larger gap would be another window's block, fetched and then thrown away).
@@ -71,7 +73,8 @@ class ReadStats:
     blocks, requests, bytes : int
         Blocks decoded, range requests made (after coalescing) and stored bytes fetched.
     retries : int
-        Requests repeated after a transient error or a short read.
+        Reads repeated after a transient error or an empty read (a read that returns only part
+        of a range is continued where it stopped, and not counted here).
     latency_mean, latency_p95 : float
         Seconds per request (NaN before the first one).
     stall : float
@@ -104,7 +107,7 @@ class ReadStats:
     limit: int = 0
 
     def as_dict(self) -> dict[str, Any]:
-        """The stats as a plain dict (JSON-ready)."""
+        """The stats as a plain dict (latencies are NaN when nothing was requested remotely)."""
         return asdict(self)
 
     def __str__(self) -> str:
@@ -417,7 +420,7 @@ class Prefetcher:
                 raise
             except _TRANSIENT as exc:
                 attempt += 1
-                if attempt > self._retries:
+                if attempt > self._retries or getattr(exc, "errno", None) in _PERMANENT_ERRNOS:
                     raise
                 self._retried(attempt, exc)
                 continue

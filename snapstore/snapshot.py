@@ -11,6 +11,7 @@ from __future__ import annotations
 import functools
 import logging
 import os
+import weakref
 from collections.abc import Callable, Collection, Iterable, Iterator, Mapping
 from typing import Any, TypeVar, overload
 
@@ -63,6 +64,7 @@ class Snapshot:
         self._args = args
         self._kwargs = dict(kwargs or {})
         self._reader: SnapshotReader | None = None
+        self._batch_readers: weakref.WeakSet[BatchReader] = weakref.WeakSet()
         self.miss_explanation: dict[str, Any] | None = None
         """Set when materializing had to compute: the most recent committed snapshot of the same
         stage (``"previous"``) and why this fingerprint differs from it (``"differences"``)."""
@@ -216,7 +218,7 @@ class Snapshot:
             window = int(reader.manifest["raw_bytes"]) / max(1, reader.num_blocks) * blocks
             ahead = 2 if reader.store.local else 4
             prefetch_bytes = max(ahead * 32 << 20, int(ahead * window))
-        return BatchReader(
+        batches = BatchReader(
             reader,
             batch_size,
             options=options,
@@ -229,12 +231,18 @@ class Snapshot:
             max_requests=max_requests,
             ragged=ragged,
         )
+        self._batch_readers.add(batches)
+        return batches
 
     def close(self) -> None:
-        """Stop reader threads and release open files."""
+        """Stop the threads of every running ``batches()`` pass and release cached blocks and
+        memory maps (reading again reopens them)."""
+        for batches in list(self._batch_readers):
+            batches.close()
         if self._reader is not None:
             self._reader.close()
             self._reader = None
+        self.store.close()
 
     def __enter__(self) -> Snapshot:
         return self

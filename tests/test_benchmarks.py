@@ -26,3 +26,25 @@ def test_bench_format_smoke(tmp_path: Path) -> None:
     lines = {line.split("  ")[0]: line.split() for line in out.stdout.splitlines() if line}
     assert lines["every sample read exactly once"][-2:] == ["True", "True"]
     assert "shuffled read: snapstore (samples/s)" in lines
+
+
+def test_bench_reader_smoke(tmp_path: Path) -> None:
+    script = BENCH.parent / "bench_reader.py"
+    cmd = [sys.executable, str(script), "--scale", "0.01", "--rss-scale", "0.5"]
+    cmd += ["--ttfb", "0.01", "--repeat", "1", "--tmp", str(tmp_path)]
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    labels = {line.strip().split("  ")[0] for line in out.stdout.splitlines()}
+    for label in (
+        "epoch at ttfb 0 (samples/s)",
+        "epoch at ttfb 10 ms (samples/s)",
+        "epoch at 10 ms, max_requests=1 (samples/s)",
+        "stats() at 10 ms: startup (ms)",
+        "concurrency: mean in flight",
+        "stall / (wall - startup)",
+        "prefetch budget (MB)",
+        "peak anon RSS at 10 ms, 1x (MB)",
+        "peak anon RSS at 10 ms, 0.5x (MB)",
+    ):
+        assert label in labels, f"{label!r} missing from:\n{out.stdout}"
+    assert list(tmp_path.iterdir()) == []  # the scratch directory is removed

@@ -319,3 +319,15 @@ def test_through_the_latency_simulator_a_window_costs_about_one_round_trip(tmp_p
     assert reader.stats().requests == store.fs.requests <= blocks  # adjacent blocks coalesce
     assert seconds < 0.05 * (3 * windows + 4) < 0.05 * blocks / 2
     snap.close()
+
+
+def test_snapshot_close_stops_running_passes(tmp_path) -> None:
+    snap = snapstore.open(write(tmp_path), root=tmp_path)
+    passes = [iter(snap.batches(16, shuffle=True, window_blocks=2)) for _ in range(2)]
+    for it in passes:
+        next(it)
+    assert snapstore_threads()
+    snap.close()
+    assert not snapstore_threads()
+    assert len(list(snap.batches(1000))) == 3  # reading again reopens
+    snap.close()

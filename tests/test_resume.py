@@ -126,8 +126,8 @@ def test_set_epoch_starts_the_next_epoch(snap) -> None:
         ({"snapshot": 1}, r"belongs to another snapshot"),
         ({"epoch": 4}, r"epoch=4 \(reader has 3\)"),
         ({"seed": 8}, r"seed=8 \(reader has 7\)"),
-        ({"world_size": 4, "rank": 3}, r"rank=3 \(reader has 1\), world_size=4 \(reader has 2\)"),
-        ({"num_workers": 2}, r"num_workers=2 \(reader has 1\)"),
+        ({"world_size": 4, "rank": 3}, r"consumer 3 of 4 \(reader is consumer 1 of 2;"),
+        ({"num_workers": 2}, r"consumer 2 of 4 \(reader is consumer 1 of 2;"),
         ({"window_blocks": 5}, r"window_blocks=5 \(reader has 4\)"),
         ({"shuffle": 0}, r"shuffle=0 \(reader has 1\)"),
         ({"position": 10_000}, r"position must be in \[0, 499\], found 10000"),
@@ -201,3 +201,16 @@ def test_resume_in_a_fresh_process(snap) -> None:
     )
     assert out.returncode == 0, out.stderr
     assert head + json.loads(out.stdout) == full
+
+
+def test_a_state_moves_between_splits_of_the_same_consumers(snap) -> None:
+    """Consumer 2 of 4 is rank 2 of 4 ranks, or rank 1's worker 0 of 2 ranks x 2 workers."""
+    kw = dict(shuffle=True, seed=4, window_blocks=3)
+    flat = snap.batches(16, rank=2, world_size=4, **kw)
+    it = iter(flat)
+    head = ids(next(it) for _ in range(3))
+    state = flat.get_state()
+    flat.close()
+    split = snap.batches(16, rank=1, world_size=2, worker=0, num_workers=2, **kw)
+    split.set_state(state)
+    assert head + ids(split) == ids(snap.batches(16, rank=2, world_size=4, **kw))
