@@ -185,8 +185,8 @@ def epoch_plan(reader: Any) -> Any:
 
 
 def child_snap_read(workload: str, n: int, directory: str, **_: Any) -> dict[str, Any]:
-    from snapstore.plan import shuffle_quality
     from snapstore.batches import BatchReader
+    from snapstore.plan import shuffle_quality
     from snapstore.reader import SnapshotReader
     from snapstore.store import LocalStore
 

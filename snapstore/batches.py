@@ -261,7 +261,9 @@ class BatchReader:
                 blocks, rows = self.reader.locate(idx)
                 unique, which = np.unique(blocks, return_inverse=True)
                 columns = gather(schema, [decoded[int(b)] for b in unique], which, rows)
+                del decoded  # gathered columns keep what they still need, no more
                 pieces.append([columns, 0, len(idx)])
+                del columns
                 buffered += len(idx)
                 while buffered >= self.batch_size:
                     buffered -= self.batch_size

@@ -270,7 +270,8 @@ class Prefetcher:
         self.concurrency = Concurrency(max_requests, initial_requests)
 
         self._cond = threading.Condition()
-        self._tickets: list[_Chunk] = []
+        self._tickets: dict[int, _Chunk] = {}  # scheduled chunks the consumer has not finished
+        self._scheduled = 0  # chunks scheduled so far
         self._scheduled_all = False
         self._failure: BaseException | None = None  # the scheduler's own failure
         self._ready: dict[int, Any] = {}  # block -> decoded block or the exception it raised
@@ -311,7 +312,8 @@ class Prefetcher:
                         else:
                             self._refs[b] = 1
                             fresh.append(b)
-                    self._tickets.append(_Chunk(indices, order))
+                    self._tickets[number] = _Chunk(indices, order)
+                    self._scheduled = number + 1
                     self._cond.notify_all()
                 for request in self._requests(fresh, number):
                     if not self._admit(request):
@@ -371,7 +373,8 @@ class Prefetcher:
                     self._held += request.cost
                     for (b, _, _), cost in zip(request.blocks, request.costs):
                         self._cost[b] = cost
-                    self._tickets[request.chunk].requests += 1
+                    if request.chunk in self._tickets:
+                        self._tickets[request.chunk].requests += 1
                     self.stats.max_in_flight = max(self.stats.max_in_flight, self._in_flight)
                     return True
                 self._cond.wait()
@@ -499,12 +502,12 @@ class Prefetcher:
             self._waiting_chunk = number
             self._cond.notify_all()
             began, limited = time.perf_counter(), self._limited()
-            while number >= len(self._tickets) and not self._scheduled_all:
+            while number >= self._scheduled and not self._scheduled_all:
                 self._cond.wait()
             self._stalled(began, number, limited)
-            if self._failure is not None and number >= len(self._tickets):
+            if self._failure is not None and number >= self._scheduled:
                 raise self._failure
-            return self._tickets[number] if number < len(self._tickets) else None
+            return self._tickets.get(number)
 
     def _wait_blocks(self, chunk: _Chunk) -> dict[int, Any]:
         with self._cond:
@@ -551,7 +554,7 @@ class Prefetcher:
             if not self._waited:
                 self.concurrency.on_idle()
             self._waited = False
-            self._tickets[self._waiting_chunk] = _Chunk(chunk.indices[:0], [])
+            self._tickets.pop(self._waiting_chunk, None)
             self._cond.notify_all()
 
     def snapshot_stats(self) -> ReadStats:

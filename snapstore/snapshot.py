@@ -197,7 +197,7 @@ class Snapshot:
             (at least 64 MiB) on a local store, four (at least 128 MiB) on a remote one. Reader
             memory is about this plus one window.
         max_requests : int, optional
-            Cap on byte-range requests in flight (the reader adapts below it); default 64 for
+            Cap on byte-range requests in flight (the reader adapts below it); default 128 for
             remote stores, twice the decode threads for local ones.
         ragged : {"list", "pad"}
             Varying-shape array fields as lists of arrays, or zero-padded with their true
