@@ -33,6 +33,7 @@ import contextlib
 import errno
 import logging
 import math
+import random
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
@@ -60,6 +61,8 @@ _TRANSIENT = (OSError, StoreError, TimeoutError, ConnectionError)
 # Blocks this close are read in one request: the zero padding that aligns blocks, no more (a
 # larger gap would be another window's block, fetched and then thrown away).
 _MAX_GAP = BLOCK_ALIGNMENT
+# Request latencies kept per pass for the p95.
+_SAMPLE = 4096
 
 
 @dataclass
@@ -76,7 +79,8 @@ class ReadStats:
         Reads repeated after a transient error or an empty read (a read that returns only part
         of a range is continued where it stopped, and not counted here).
     latency_mean, latency_p95 : float
-        Seconds per request (NaN before the first one).
+        Seconds per request (NaN before the first one); the p95 is that of a uniform sample of
+        4,096 requests once a pass has made more.
     stall : float
         Seconds the consumer waited for data after the first chunk arrived.
     startup : float
@@ -282,7 +286,11 @@ class Prefetcher:
         self._waiting_chunk = 0  # the chunk the consumer needs next
         self._stopped = False
         self._waited = False  # the consumer stalled on the current chunk
+        # Request latencies: exact count and sum, and a uniform sample of at most _SAMPLE of
+        # them for the p95 (reservoir sampling), so a pass's memory does not grow with its size.
+        self._timed = 0
         self._latencies: list[float] = []
+        self._sampler = random.Random(0)
         self.stats = ReadStats(limit=self.concurrency.limit)
         self._started = time.perf_counter()
         self._busy = 0.0  # request-seconds
@@ -459,13 +467,23 @@ class Prefetcher:
             self.stats.requests += 1
             self.stats.bytes += nbytes
             if seconds:
-                self._latencies.append(seconds)
+                self._sample_latency(seconds)
                 self._busy += seconds
                 self.concurrency.record_latency(seconds)
             if error is not None:
                 for b, _, _ in request.blocks:
                     self._ready[b] = error
             self._cond.notify_all()
+
+    def _sample_latency(self, seconds: float) -> None:
+        """Keep ``seconds`` in the latency sample (lock held)."""
+        self._timed += 1
+        if len(self._latencies) < _SAMPLE:
+            self._latencies.append(seconds)
+        else:
+            slot = self._sampler.randrange(self._timed)
+            if slot < _SAMPLE:
+                self._latencies[slot] = seconds
 
     def _decode_all(self, request: _Request, data: Any) -> None:
         view = memoryview(data) if not isinstance(data, memoryview) else data
@@ -562,8 +580,8 @@ class Prefetcher:
         with self._cond:
             stats = ReadStats(**asdict(self.stats))
             stats.wall = time.perf_counter() - self._started
-            if self._latencies:
-                stats.latency_mean = float(np.mean(self._latencies))
+            if self._timed:
+                stats.latency_mean = self._busy / self._timed
                 stats.latency_p95 = float(np.percentile(self._latencies, 95))
             stats.concurrency = self._busy / stats.wall if stats.wall > 0 else 0.0
             stats.limit = self.concurrency.limit

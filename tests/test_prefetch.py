@@ -331,3 +331,15 @@ def test_snapshot_close_stops_running_passes(tmp_path) -> None:
     assert not snapstore_threads()
     assert len(list(snap.batches(1000))) == 3  # reading again reopens
     snap.close()
+
+
+def test_latency_stats_stay_bounded_on_long_passes(remote: SnapshotReader) -> None:
+    _, pf = prefetcher(remote)
+    pf.close()
+    for k in range(20_000):  # latencies 0..0.2 s, uniformly spread
+        pf._busy += k / 100_000
+        pf._sample_latency(k / 100_000)
+    stats = pf.snapshot_stats()
+    assert len(pf._latencies) == 4096
+    assert stats.latency_mean == pytest.approx(0.1, rel=1e-3)
+    assert stats.latency_p95 == pytest.approx(0.19, abs=0.005)
