@@ -253,6 +253,7 @@ class SnapshotReader:
             initial_requests=max_requests,
             decode_threads=self.decode_threads,
             local=local,
+            max_request_bytes=8 << 20 if self.store.coalesce else 0,
         )
 
     def _fetch(self, path: str, start: int, length: int) -> Any:

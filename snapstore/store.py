@@ -70,6 +70,9 @@ class Store(ABC):
     url: str
     # Range reads are memory-map slices: no latency to hide, nothing to coalesce.
     local: bool = False
+    # Readers may merge adjacent blocks into one range read. A store that keys something on
+    # the exact ranges it is asked for (a block cache) turns this off.
+    coalesce: bool = True
 
     def join(self, path: str) -> str:
         """The full URL of a relative path, for messages."""
