@@ -13,6 +13,7 @@ clauses keep working::
     │   └── CorruptBlockError                         a block's checksum does not match
     ├── ResumeError(SnapstoreError, ValueError)       a resume state does not fit the reader
     ├── StageError(SnapstoreError, RuntimeError)      the stage did not return samples
+    ├── BusyError(SnapstoreError, RuntimeError)       another job holds the claim (on_busy="error")
     └── StoreError(SnapstoreError, OSError)           the storage backend failed
 
 Messages say what was expected, what was found and what to do about it.
@@ -22,6 +23,7 @@ from __future__ import annotations
 
 __all__ = [
     "AmbiguousFingerprintError",
+    "BusyError",
     "CorruptBlockError",
     "FingerprintError",
     "FormatError",
@@ -92,3 +94,7 @@ class StoreError(SnapstoreError, OSError):
 
 class ResumeError(SnapstoreError, ValueError):
     """A resume state does not fit the reader: another snapshot, order or partition."""
+
+
+class BusyError(SnapstoreError, RuntimeError):
+    """Another job is computing this snapshot, and ``on_busy="error"`` says not to wait."""

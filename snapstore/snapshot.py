@@ -11,19 +11,22 @@ from __future__ import annotations
 import functools
 import logging
 import os
+import shutil
+import tempfile
 import weakref
 from collections.abc import Callable, Collection, Iterable, Iterator, Mapping
 from typing import Any, TypeVar, overload
 
+from . import claims
 from . import format as fmt
 from .batches import BatchReader
 from .catalog import previous_of_stage, stored_fingerprint
-from .errors import AmbiguousFingerprintError, SnapshotNotFoundError, StageError
+from .errors import AmbiguousFingerprintError, BusyError, SnapshotNotFoundError, StageError
 from .fingerprint import Fingerprint, diff_parts, fingerprint_stage
 from .plan import PlanOptions
 from .reader import SnapshotReader, load_manifest
 from .schema import Schema
-from .store import Store, open_store
+from .store import LocalStore, Store, open_store
 from .writer import ProgressCallback, SnapshotWriter, WriteOptions
 
 __all__ = ["Snapshot", "Stage", "open", "resolve_fingerprint", "snapshot"]
@@ -265,6 +268,8 @@ class Stage:
         ignore_globals: Collection[str] = (),
         schema: Schema | Mapping[str, Any] | None = None,
         options: WriteOptions | None = None,
+        on_busy: str = "wait",
+        lease: float = 60.0,
     ) -> None:
         if not callable(fn):
             raise TypeError(
@@ -280,6 +285,13 @@ class Stage:
             schema if schema is None or isinstance(schema, Schema) else Schema.declare(schema)
         )
         self.options = options or WriteOptions()
+        if on_busy not in ON_BUSY:
+            raise ValueError(f"on_busy: expected one of {ON_BUSY}, found {on_busy!r}")
+        if not isinstance(lease, (int, float)) or not lease > 0:
+            raise ValueError(f"lease: expected a positive number of seconds, found {lease!r}")
+        self.on_busy = on_busy
+        self.lease = float(lease)
+        self.clock: claims.Clock = claims.SystemClock()
         self.name = _stage_name(fn)
         functools.update_wrapper(self, fn)
 
@@ -317,6 +329,50 @@ class Stage:
         return {"previous": previous, "differences": differences}
 
     def write(self, snap: Snapshot, progress: ProgressCallback | None) -> None:
+        """Materialize ``snap``: claim it and compute, or wait for the job that holds the claim
+        (or pass through, or raise, per ``on_busy``); on any error nothing is visible."""
+        watched: dict[str, Any] = {"lease": self.lease}
+        announced = False
+        while True:
+            claim, state = claims.acquire(
+                snap.store, snap.fingerprint, lease=self.lease, clock=self.clock, watched=watched
+            )
+            if claim is not None:
+                break
+            if snap.committed:
+                return
+            if self.on_busy == "error":
+                raise BusyError(
+                    f"snapshot {snap.fingerprint} of {self.name} is being computed by "
+                    f"{state.describe()} under {snap.store.url}; wait for it (on_busy='wait'), "
+                    "compute without storing (on_busy='pass'), or try again later"
+                )
+            if self.on_busy == "pass":
+                log.info("snapstore: %s is busy; computing without storing", snap.fingerprint)
+                self._pass_through(snap, progress)
+                return
+            if not announced:
+                log.info(
+                    "snapstore: waiting for %s, which is computing %s (lease %.0f s)",
+                    state.describe(), snap.fingerprint, self.lease,
+                )  # fmt: skip
+                announced = True
+            self.clock.sleep(min(self.lease / 4, 2.0))
+            if snap.committed:
+                return
+        with claim:
+            if snap.committed:  # committed between our check and our claim
+                return
+            self._compute(snap, progress)
+
+    def _pass_through(self, snap: Snapshot, progress: ProgressCallback | None) -> None:
+        """Compute into a private temporary store that ``snap`` then reads (removed with it)."""
+        directory = tempfile.mkdtemp(prefix="snapstore-pass-")
+        weakref.finalize(snap, shutil.rmtree, directory, ignore_errors=True)
+        snap.store = LocalStore(directory, fsync=False)
+        self._compute(snap, progress)
+
+    def _compute(self, snap: Snapshot, progress: ProgressCallback | None) -> None:
         """Run the stage for ``snap``'s arguments and commit; on any error nothing is visible."""
         fp = snap._fp
         extra = {
@@ -383,6 +439,15 @@ def snapshot(fn: F | None = None, **settings: Any) -> Stage | Callable[[F], Stag
         Declared schema; see :meth:`Schema.declare`. Inferred from the first block otherwise.
     options : WriteOptions, optional
         Block size, shard size, compression, threads (not part of the fingerprint).
+    on_busy : {"wait", "pass", "error"}
+        What a job does when another job holds the claim on the same fingerprint (a sweep
+        started together): ``"wait"`` (default) for its commit, then read it (taking the claim
+        over if the holder stops renewing it); ``"pass"``: compute without storing, into a
+        private temporary directory; ``"error"``: raise :class:`BusyError`.
+    lease : float
+        Seconds a claim lives without a heartbeat (the holder renews it every ``lease / 4``);
+        after that a waiting job takes it over. Clocks of the jobs should agree to well within
+        this; if they do not, the cost is a duplicate computation, never a wrong snapshot.
 
     Returns
     -------
@@ -399,16 +464,29 @@ def snapshot(fn: F | None = None, **settings: Any) -> Stage | Callable[[F], Stag
     >>> snap[3]                                                    # doctest: +SKIP
     {'x': 9}
     """
-    allowed = {"root", "version", "key", "ignore", "ignore_globals", "schema", "options"}
+    allowed = {
+        "root",
+        "version",
+        "key",
+        "ignore",
+        "ignore_globals",
+        "schema",
+        "options",
+        "on_busy",
+        "lease",
+    }
     unknown = set(settings) - allowed
     if unknown:
         raise TypeError(
             f"snapshot() got unexpected settings {sorted(unknown)}; expected root, "
-            "version, key, ignore, ignore_globals, schema or options"
+            "version, key, ignore, ignore_globals, schema, options, on_busy or lease"
         )
     if fn is None:
         return lambda f: Stage(f, **settings)
     return Stage(fn, **settings)
+
+
+ON_BUSY = ("wait", "pass", "error")
 
 
 def list_fingerprints(store: Store, *, committed_only: bool = True) -> list[str]:

@@ -1,0 +1,303 @@
+"""Claims: one job computes a fingerprint while the others of a sweep wait, with expiring leases.
+
+A claim is an optimization on top of the commit protocol, never a condition of correctness: the
+commit record is created only if absent, so two jobs that both compute (a claim taken over from
+a live but slow holder, clocks that disagree) still produce one snapshot, and a crash at any
+moment leaves nothing visible. What claims add is that a sweep of N jobs computes once.
+
+Layout, under ``<fp>/claims/`` (every file created once, never overwritten, so any store with a
+create-if-absent works, object stores included):
+
+- ``claim-<g>``: generation ``g`` (8 digits) of the claim, created only if absent; JSON with the
+  owner id, host, pid, lease seconds and creation time. The highest generation is the claim.
+- ``beat-<g>-<k>``: the owner's ``k``-th heartbeat for generation ``g`` (JSON with the wall time),
+  written every ``lease / 4`` seconds; the previous one is then deleted.
+- ``released-<g>``: the owner gave generation ``g`` up (it committed, or its stage failed).
+
+A claim is **live** unless it was released or it has **expired**: its newest heartbeat (or the
+claim itself, before the first beat) is older than the lease by the observer's wall clock, or
+an observer that watches it has seen no new heartbeat for a whole lease by its own monotonic
+clock. The second rule needs no agreement between clocks; the first assumes clocks agree to
+well within a lease (60 s by default). Clocks that disagree by more cost at most a duplicate
+computation, never a wrong snapshot. A holder on the same host whose process is gone (killed,
+crashed) has expired at once. Taking over an expired generation ``g`` is creating
+``claim-<g+1>`` if absent: exactly one job wins.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import re
+import secrets
+import socket
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from .store import Store
+
+__all__ = ["Claim", "ClaimState", "Clock", "SystemClock", "acquire", "inspect_claim"]
+
+log = logging.getLogger(__name__)
+
+CLAIMS_DIR = "claims"
+_CLAIM = re.compile(r"claim-(\d{8})")
+_BEAT = re.compile(r"beat-(\d{8})-(\d{8})")
+_RELEASED = re.compile(r"released-(\d{8})")
+
+
+class Clock(Protocol):
+    """Time as claims see it (tests pass a fake one)."""
+
+    def time(self) -> float: ...
+    def monotonic(self) -> float: ...
+    def sleep(self, seconds: float) -> None: ...
+
+
+class SystemClock:
+    """The real clocks."""
+
+    def time(self) -> float:
+        return time.time()
+
+    def monotonic(self) -> float:
+        return time.monotonic()
+
+    def sleep(self, seconds: float) -> None:
+        time.sleep(seconds)
+
+
+@dataclass
+class ClaimState:
+    """What an observer knows about a fingerprint's claim.
+
+    Attributes
+    ----------
+    generation : int
+        The newest generation, -1 when there is no claim.
+    holder : dict
+        The newest claim's JSON (owner, host, pid, lease, created_at), empty when none.
+    last_beat : float
+        Wall time of the newest heartbeat (or of the claim itself).
+    beat : int
+        Number of the newest heartbeat (-1 before the first).
+    released : bool
+        The holder gave the claim up.
+    """
+
+    generation: int = -1
+    holder: dict[str, Any] = field(default_factory=dict)
+    last_beat: float = 0.0
+    beat: int = -1
+    released: bool = False
+
+    def expired(self, now: float) -> bool:
+        """No claim, released, or no heartbeat for longer than the lease (by wall clock)."""
+        if self.generation < 0 or self.released or self.holder_died():
+            return True
+        lease = self.holder.get("lease")
+        if not isinstance(lease, (int, float)):
+            return False  # unreadable claim: assume it is alive (the watcher's rule still applies)
+        return now - self.last_beat > float(lease)
+
+    def holder_died(self) -> bool:
+        """The holder ran on this host and its process is gone (a crash or a kill)."""
+        pid = self.holder.get("pid")
+        if self.holder.get("host") != socket.gethostname() or not isinstance(pid, int):
+            return False
+        if pid == os.getpid():
+            return False
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return True
+        except OSError:
+            return False  # exists, owned by someone else
+        return False
+
+    def describe(self) -> str:
+        h = self.holder
+        return f"job {h.get('owner', '?')} (pid {h.get('pid', '?')} on {h.get('host', '?')})"
+
+
+def _path(fingerprint: str, name: str = "") -> str:
+    return f"{fingerprint}/{CLAIMS_DIR}" + (f"/{name}" if name else "")
+
+
+def inspect_claim(store: Store, fingerprint: str) -> ClaimState:
+    """The state of ``fingerprint``'s claim, from one listing and one or two small reads."""
+    names = store.list_dir(_path(fingerprint))
+    generations = [int(m.group(1)) for n in names if (m := _CLAIM.fullmatch(n))]
+    if not generations:
+        return ClaimState()
+    g = max(generations)
+    state = ClaimState(generation=g)
+    try:
+        state.holder = json.loads(store.read_bytes(_path(fingerprint, f"claim-{g:08d}")))
+    except (FileNotFoundError, ValueError):
+        state.holder = {}  # removed (gc) or half-visible: treat it as just created
+    state.last_beat = float(state.holder.get("created_at", 0.0))
+    state.released = any(
+        (m := _RELEASED.fullmatch(n)) is not None and int(m.group(1)) == g for n in names
+    )
+    beats = [int(m.group(2)) for n in names if (m := _BEAT.fullmatch(n)) and int(m.group(1)) == g]
+    if beats:
+        state.beat = max(beats)
+        try:
+            data = json.loads(
+                store.read_bytes(_path(fingerprint, f"beat-{g:08d}-{state.beat:08d}"))
+            )
+            state.last_beat = max(state.last_beat, float(data["time"]))
+        except (FileNotFoundError, ValueError, KeyError, TypeError):
+            pass  # deleted by the next beat: the holder is alive
+    return state
+
+
+class Claim:
+    """A claim this process holds; renews itself on a heartbeat thread until released.
+
+    Use :func:`acquire` to get one.
+    """
+
+    def __init__(
+        self,
+        store: Store,
+        fingerprint: str,
+        generation: int,
+        owner: str,
+        lease: float,
+        clock: Clock,
+    ) -> None:
+        self.store = store
+        self.fingerprint = fingerprint
+        self.generation = generation
+        self.owner = owner
+        self.lease = lease
+        self._clock = clock
+        self._beat = -1
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def beat(self) -> None:
+        """Write the next heartbeat and delete the previous one."""
+        g, k = self.generation, self._beat + 1
+        body = json.dumps({"owner": self.owner, "time": self._clock.time()}).encode()
+        self.store.write_bytes(_path(self.fingerprint, f"beat-{g:08d}-{k:08d}"), body)
+        if self._beat >= 0:
+            self.store.remove_tree(_path(self.fingerprint, f"beat-{g:08d}-{self._beat:08d}"))
+        self._beat = k
+
+    def start_heartbeat(self) -> None:
+        """Beat every ``lease / 4`` seconds on a daemon thread until :meth:`release`."""
+
+        def run() -> None:
+            while not self._stop.wait(self.lease / 4):
+                try:
+                    self.beat()
+                except Exception:  # a missed beat only risks a takeover: keep trying
+                    log.warning(
+                        "heartbeat of the claim on %s failed", self.fingerprint, exc_info=True
+                    )
+
+        self._thread = threading.Thread(target=run, name="snapstore-heartbeat", daemon=True)
+        self._thread.start()
+
+    def release(self) -> None:
+        """Stop the heartbeat and mark the claim released (others stop waiting for it)."""
+        self._stop.set()
+        if self._thread is not None and self._thread is not threading.current_thread():
+            self._thread.join()
+        try:
+            self.store.create_if_absent(
+                _path(self.fingerprint, f"released-{self.generation:08d}"), b"{}"
+            )
+        except Exception:  # the lease expires anyway
+            log.warning("could not release the claim on %s", self.fingerprint, exc_info=True)
+
+    def __enter__(self) -> Claim:
+        self.start_heartbeat()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.release()
+
+
+def new_owner() -> str:
+    """An id for this job's claims: host, pid and random bits."""
+    host = re.sub(r"[^A-Za-z0-9-]", "-", socket.gethostname())[:32]
+    return f"{host}-{os.getpid()}-{secrets.token_hex(4)}"
+
+
+def acquire(
+    store: Store,
+    fingerprint: str,
+    *,
+    lease: float,
+    owner: str | None = None,
+    clock: Clock | None = None,
+    watched: dict[str, Any] | None = None,
+) -> tuple[Claim | None, ClaimState]:
+    """Try to claim ``fingerprint``: create generation 0, or the next one over an expired claim.
+
+    Parameters
+    ----------
+    store, fingerprint
+        What to claim.
+    lease : float
+        Seconds without a heartbeat after which others may take the claim over.
+    owner : str, optional
+        This job's id (default: host, pid and random bits).
+    clock : Clock, optional
+        Wall and monotonic time (tests pass a fake one).
+    watched : dict, optional
+        State kept between calls by a job that polls: it lets the monotonic rule expire a
+        holder whose heartbeats stopped, whatever the clocks say.
+
+    Returns
+    -------
+    (Claim or None, ClaimState)
+        The claim if this call took it (not yet beating: use it as a context manager), and the
+        state observed; None with a live holder's state otherwise.
+    """
+    if lease <= 0:
+        raise ValueError(f"lease: expected a positive number of seconds, found {lease!r}")
+    clock = clock or SystemClock()
+    owner = owner or new_owner()
+    state = inspect_claim(store, fingerprint)
+    if not state.expired(clock.time()) and not _stalled(state, clock, watched):
+        return None, state
+    generation = state.generation + 1
+    body = {
+        "owner": owner,
+        "host": socket.gethostname(),
+        "pid": os.getpid(),
+        "lease": lease,
+        "created_at": clock.time(),
+        "generation": generation,
+    }
+    name = _path(fingerprint, f"claim-{generation:08d}")
+    if not store.create_if_absent(name, json.dumps(body).encode()):
+        return None, inspect_claim(store, fingerprint)  # another job took it first
+    if state.generation >= 0 and not state.released:
+        log.warning(
+            "snapstore: took over the claim on %s from %s, silent for over %.0f s",
+            fingerprint, state.describe(), lease,
+        )  # fmt: skip
+    return Claim(store, fingerprint, generation, owner, lease, clock), state
+
+
+def _stalled(state: ClaimState, clock: Clock, watched: dict[str, Any] | None) -> bool:
+    """Whether this observer has seen no new heartbeat for a whole lease (monotonic clock)."""
+    if watched is None:
+        return False
+    mark = (state.generation, state.beat)
+    now = clock.monotonic()
+    if watched.get("mark") != mark:
+        watched["mark"], watched["since"] = mark, now
+        return False
+    lease = state.holder.get("lease")
+    limit = float(lease) if isinstance(lease, (int, float)) else float(watched.get("lease", 60.0))
+    return now - float(watched["since"]) > limit

@@ -1,0 +1,133 @@
+"""Garbage from failures: uncommitted attempts and expired claims, found and removed safely.
+
+What is garbage, per fingerprint directory:
+
+- a **run** that the commit record does not name (a crashed writer's, or a loser's that crashed
+  before removing itself), once it is older than ``min_age`` (its name starts with its UTC start
+  time) and no live claim is held on the fingerprint (a live claim's holder may be writing it);
+- the **claims** of a committed fingerprint, or of an uncommitted one whose claim has expired or
+  was released (see :mod:`snapstore.claims`);
+- the fingerprint directory itself once nothing else is left in it.
+
+Never garbage: a commit record, the run it names, anything under a fingerprint whose commit
+record cannot be read (``snapstore verify`` reports those; ``snapstore rm`` removes them), and
+anything of a fingerprint with a live claim other than its committed snapshot's claims.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import time
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from . import format as fmt
+from .claims import CLAIMS_DIR, inspect_claim
+from .errors import FormatError
+from .store import Store
+
+__all__ = ["Garbage", "collect_garbage", "find_garbage"]
+
+
+@dataclass(frozen=True)
+class Garbage:
+    """One removable thing: ``path`` relative to the store root, its ``kind`` (``run``,
+    ``claims`` or ``directory``), why it is garbage, and its size in bytes."""
+
+    path: str
+    kind: str
+    reason: str
+    bytes: int
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def _run_started(run: str) -> float | None:
+    """The UTC start time a run's name begins with (``YYYYmmddTHHMMSS-...``), or None."""
+    try:
+        stamp = dt.datetime.strptime(run[:15], "%Y%m%dT%H%M%S").replace(tzinfo=dt.UTC)
+    except ValueError:
+        return None
+    return stamp.timestamp()
+
+
+def find_garbage(
+    store: Store, *, min_age: float = 3600.0, now: float | None = None
+) -> list[Garbage]:
+    """What :func:`collect_garbage` would remove, without removing anything.
+
+    Parameters
+    ----------
+    store : Store
+        The root to scan.
+    min_age : float
+        Seconds an uncommitted run must have existed before it counts as abandoned (a slow
+        writer without a claim, e.g. an older snapstore, is left alone meanwhile).
+    now : float, optional
+        Wall time to judge ages and leases by (default: now).
+    """
+    if min_age < 0:
+        raise ValueError(f"min_age: expected seconds >= 0, found {min_age!r}")
+    now = time.time() if now is None else now
+    found: list[Garbage] = []
+    for fingerprint in store.list_dir(""):
+        if fmt.is_plain_name(fingerprint) and store.is_dir(fingerprint):
+            found.extend(_fingerprint_garbage(store, fingerprint, min_age, now))
+    return found
+
+
+def _fingerprint_garbage(store: Store, fp: str, min_age: float, now: float) -> list[Garbage]:
+    committed_run: str | None = None
+    if store.exists(f"{fp}/{fmt.COMMIT_NAME}"):
+        try:
+            data = store.read_bytes(f"{fp}/{fmt.COMMIT_NAME}")
+            committed_run = fmt.CommitRecord.from_bytes(data, store.join(fp)).run
+        except (FormatError, FileNotFoundError):
+            return []  # damaged: for verify and rm, never for gc
+    claim = inspect_claim(store, fp)
+    live = not claim.expired(now)
+    found: list[Garbage] = []
+    runs = store.list_dir(f"{fp}/runs")
+    for run in runs:
+        if run == committed_run or (live and committed_run is None):
+            continue
+        started = _run_started(run)
+        if started is None or now - started < min_age:
+            continue
+        why = (
+            "an attempt that lost the commit race or crashed"
+            if committed_run
+            else ("an uncommitted attempt whose writer is gone (crashed or killed)")
+        )
+        path = f"{fp}/runs/{run}"
+        found.append(Garbage(path, "run", why, store.disk_usage(path)))
+    claims = store.list_dir(f"{fp}/{CLAIMS_DIR}")
+    if claims and not (live and committed_run is None):
+        why = "claims of a committed snapshot" if committed_run else "an expired claim"
+        path = f"{fp}/{CLAIMS_DIR}"
+        found.append(Garbage(path, "claims", why, store.disk_usage(path)))
+    removed = {g.path for g in found}
+    left = [n for n in store.list_dir(fp) if n not in ("runs", CLAIMS_DIR)]
+    left += [f"runs/{r}" for r in runs if f"{fp}/runs/{r}" not in removed]
+    left += [CLAIMS_DIR] if claims and f"{fp}/{CLAIMS_DIR}" not in removed else []
+    if not left and committed_run is None:
+        found.append(Garbage(fp, "directory", "nothing left in it", 0))
+    return found
+
+
+def collect_garbage(
+    store: Store, *, min_age: float = 3600.0, dry_run: bool = False, now: float | None = None
+) -> list[Garbage]:
+    """Remove uncommitted attempts and expired claims (see the module docstring for the rules).
+
+    Returns
+    -------
+    list of Garbage
+        What was removed (or, with ``dry_run``, what would be).
+    """
+    found = find_garbage(store, min_age=min_age, now=now)
+    if not dry_run:
+        for item in found:
+            store.remove_tree(item.path)
+    return found

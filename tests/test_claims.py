@@ -1,0 +1,320 @@
+"""Claims and leases: one computation per sweep, takeover of expired claims, on_busy, gc."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+import snapstore
+from snapstore import claims
+from snapstore.errors import BusyError
+from snapstore.gc import collect_garbage, find_garbage
+from snapstore.store import LocalStore, Store
+
+FP = "f" * 32
+
+
+class FakeClock:
+    """Wall and monotonic time that move only when told (sleep advances both)."""
+
+    def __init__(self, wall: float = 1_000_000.0) -> None:
+        self.wall = wall
+        self.mono = 0.0
+        self.sleeps: list[float] = []
+
+    def time(self) -> float:
+        return self.wall
+
+    def monotonic(self) -> float:
+        return self.mono
+
+    def sleep(self, seconds: float) -> None:
+        self.sleeps.append(seconds)
+        self.advance(seconds)
+
+    def advance(self, seconds: float) -> None:
+        self.wall += seconds
+        self.mono += seconds
+
+
+def foreign(store: Store, clock: FakeClock, lease: float = 10.0, owner: str = "other"):
+    """A claim held by a job on another host (so the dead-process rule does not apply)."""
+    claim, _ = claims.acquire(store, FP, lease=lease, owner=owner, clock=clock)
+    assert claim is not None
+    body = json.loads(store.read_bytes(f"{FP}/claims/claim-{claim.generation:08d}"))
+    body["host"] = "elsewhere"
+    store.remove_tree(f"{FP}/claims/claim-{claim.generation:08d}")
+    store.write_bytes(f"{FP}/claims/claim-{claim.generation:08d}", json.dumps(body).encode())
+    return claim
+
+
+def test_first_claim_wins_and_others_see_it_live(store: Store) -> None:
+    clock = FakeClock()
+    holder = foreign(store, clock)
+    assert holder.generation == 0
+    claim, state = claims.acquire(store, FP, lease=10.0, owner="me", clock=clock)
+    assert claim is None and state.generation == 0 and state.holder["owner"] == "other"
+    assert "job other" in state.describe()
+
+
+def test_an_expired_claim_is_taken_over_once(store: Store) -> None:
+    clock = FakeClock()
+    foreign(store, clock)
+    clock.advance(10.5)
+    results = []
+
+    def take(owner: str) -> None:
+        results.append(claims.acquire(store, FP, lease=10.0, owner=owner, clock=clock)[0])
+
+    threads = [threading.Thread(target=take, args=(f"job{i}",)) for i in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    winners = [c for c in results if c is not None]
+    assert len(winners) == 1 and winners[0].generation == 1
+
+
+def test_heartbeats_keep_a_claim_alive(store: Store) -> None:
+    clock = FakeClock()
+    holder = foreign(store, clock)
+    for _ in range(10):
+        clock.advance(6.0)  # more than the lease in total, less than it between beats
+        holder.beat()
+        claim, state = claims.acquire(store, FP, lease=10.0, owner="me", clock=clock)
+        assert claim is None and state.beat >= 0
+    beats = [n for n in store.list_dir(f"{FP}/claims") if n.startswith("beat-")]
+    assert len(beats) == 1  # each beat deletes the previous one
+
+
+def test_a_watcher_expires_a_silent_holder_whatever_the_clocks_say(store: Store) -> None:
+    clock = FakeClock()
+    holder = foreign(store, clock)
+    holder_clock_ahead = FakeClock(wall=clock.wall + 3600)  # the holder's clock is an hour ahead
+    holder._clock = holder_clock_ahead
+    holder.beat()  # its last beat claims to be from the future, so the wall rule says "live"
+    watched: dict = {}
+    for _ in range(4):
+        assert claims.acquire(store, FP, lease=10.0, clock=clock, watched=watched)[0] is None
+        clock.advance(3.0)
+    clock.advance(3.0)  # 15 s of silence by the watcher's own monotonic clock
+    claim, _ = claims.acquire(store, FP, lease=10.0, clock=clock, watched=watched)
+    assert claim is not None and claim.generation == 1
+
+
+def test_a_released_claim_is_free_at_once(store: Store) -> None:
+    clock = FakeClock()
+    holder = foreign(store, clock)
+    holder.release()
+    claim, state = claims.acquire(store, FP, lease=10.0, clock=clock)
+    assert state.released and claim is not None and claim.generation == 1
+
+
+def test_a_dead_holder_on_this_host_is_expired_at_once(tmp_path: Path) -> None:
+    store = LocalStore(tmp_path)
+    clock = FakeClock()
+    child = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
+                           capture_output=True, text=True, check=True)  # fmt: skip
+    claim, _ = claims.acquire(store, FP, lease=1000.0, clock=clock)
+    assert claim is not None
+    body = json.loads(store.read_bytes(f"{FP}/claims/claim-00000000"))
+    body["pid"] = int(child.stdout)  # that process has exited
+    store.remove_tree(f"{FP}/claims/claim-00000000")
+    store.write_bytes(f"{FP}/claims/claim-00000000", json.dumps(body).encode())
+    taken, state = claims.acquire(store, FP, lease=1000.0, clock=clock)
+    assert state.holder_died() and taken is not None and taken.generation == 1
+
+
+def test_an_unreadable_claim_counts_as_alive(store: Store) -> None:
+    store.write_bytes(f"{FP}/claims/claim-00000000", b"{not json")
+    claim, state = claims.acquire(store, FP, lease=10.0, clock=FakeClock())
+    assert claim is None and state.generation == 0
+
+
+def test_lease_must_be_positive(store: Store) -> None:
+    with pytest.raises(ValueError, match="lease: expected a positive number of seconds"):
+        claims.acquire(store, FP, lease=0)
+    with pytest.raises(ValueError, match="lease: expected a positive number of seconds"):
+        snapstore.snapshot(lambda: iter(()), lease=-1)
+    with pytest.raises(ValueError, match=r"on_busy: expected one of \('wait', 'pass', 'error'\)"):
+        snapstore.snapshot(lambda: iter(()), on_busy="maybe")
+
+
+# --- on_busy through snapshot() -------------------------------------------------------------
+
+
+def counted(log: Path):
+    def stage(n: int):
+        with open(log, "a") as f:
+            f.write("ran\n")
+        for i in range(n):
+            yield {"x": i}
+
+    return stage
+
+
+def hold_claim(stage, *args) -> claims.Claim:
+    snap = stage(*args)
+    claim, _ = claims.acquire(snap.store, snap.fingerprint, lease=30.0, owner="holder")
+    assert claim is not None
+    return claim
+
+
+def test_on_busy_error_raises_busy_error(tmp_path: Path) -> None:
+    stage = snapstore.snapshot(counted(tmp_path / "log"), root=tmp_path / "root", on_busy="error")
+    claim = hold_claim(stage, 5)
+    with pytest.raises(BusyError, match=r"is being computed by job holder \(pid \d+ on "):
+        stage(5).materialize()
+    claim.release()
+    assert not (tmp_path / "log").exists()
+
+
+def test_on_busy_pass_computes_privately(tmp_path: Path) -> None:
+    stage = snapstore.snapshot(counted(tmp_path / "log"), root=tmp_path / "root", on_busy="pass")
+    claim = hold_claim(stage, 5)
+    snap = stage(5)
+    assert [s["x"] for s in snap] == list(range(5))
+    assert "snapstore-pass-" in snap.store.url
+    assert not stage(5).committed  # nothing stored under the shared root
+    claim.release()
+    snap.close()
+
+
+def test_on_busy_wait_reads_the_holders_commit(tmp_path: Path) -> None:
+    log = tmp_path / "log"
+    stage = snapstore.snapshot(counted(log), root=tmp_path / "root", lease=2.0)
+    claim = hold_claim(stage, 7)
+
+    def holder() -> None:
+        time.sleep(0.3)
+        with claim:
+            stage._compute(stage(7), None)
+
+    thread = threading.Thread(target=holder)
+    thread.start()
+    assert [s["x"] for s in stage(7)] == list(range(7))  # waited, then read
+    thread.join()
+    assert log.read_text() == "ran\n"
+
+
+def test_on_busy_wait_takes_over_from_a_silent_holder(tmp_path: Path) -> None:
+    log = tmp_path / "log"
+    stage = snapstore.snapshot(counted(log), root=tmp_path / "root", lease=10.0)
+    clock = FakeClock(wall=time.time())
+    stage.clock = clock
+    snap = stage(3)
+    claim, _ = claims.acquire(snap.store, snap.fingerprint, lease=10.0, owner="ghost", clock=clock)
+    assert claim is not None  # never beats, never releases: a job that hung
+    assert [s["x"] for s in snap] == [0, 1, 2]
+    assert log.read_text() == "ran\n" and sum(clock.sleeps) >= 10.0
+
+
+SWEEP = """
+import hashlib, json, sys, time
+import snapstore
+
+root, log, start = sys.argv[1], sys.argv[2], float(sys.argv[3])
+
+@snapstore.snapshot(root=root, lease=5.0)
+def stage(n):
+    with open(log, "a") as f:
+        f.write("ran\\n")
+    for i in range(n):
+        time.sleep(0.0005)
+        yield {"x": i, "y": str(i)}
+
+while time.time() < start:
+    time.sleep(0.001)
+snap = stage(400)
+digest = hashlib.sha256(json.dumps([s for s in snap]).encode()).hexdigest()
+print(json.dumps({"fingerprint": snap.fingerprint, "digest": digest, "n": len(snap)}))
+"""
+
+
+def test_a_sweep_of_six_processes_computes_once(tmp_path: Path) -> None:
+    script = tmp_path / "sweep.py"
+    script.write_text(textwrap.dedent(SWEEP))
+    log, root = tmp_path / "log", tmp_path / "root"
+    start = time.time() + 1.5
+    procs = [
+        subprocess.Popen([sys.executable, str(script), str(root), str(log), str(start)],
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        for _ in range(6)
+    ]  # fmt: skip
+    results = []
+    for p in procs:
+        out, err = p.communicate(timeout=120)
+        assert p.returncode == 0, err
+        results.append(json.loads(out))
+    assert log.read_text() == "ran\n"  # the stage ran once in the whole sweep
+    assert len({json.dumps(r, sort_keys=True) for r in results}) == 1
+    assert results[0]["n"] == 400
+    # No attempt was left behind; only the released claims remain for gc.
+    assert [g.kind for g in find_garbage(LocalStore(root), min_age=0)] == ["claims"]
+
+
+# --- garbage -----------------------------------------------------------------------------------
+
+
+def test_gc_removes_crashed_attempts_and_stale_claims_only(tmp_path: Path) -> None:
+    store = LocalStore(tmp_path)
+    stage = snapstore.snapshot(counted(tmp_path / "log"), root=store)
+    good = stage(4).materialize()
+    # A crashed attempt beside the committed run, and an uncommitted fingerprint with an
+    # expired claim and a crashed run.
+    crashed = f"{good.fingerprint}/runs/20200101T000000-host-1-deadbeef"
+    store.write_bytes(f"{crashed}/shard-00000.snap", b"x" * 100)
+    lost = "a" * 32
+    store.write_bytes(f"{lost}/runs/20200101T000000-host-2-cafecafe/shard-00000.snap", b"y" * 50)
+    clock = FakeClock(wall=time.time() - 7200)
+    old, _ = claims.acquire(store, lost, lease=60.0, owner="gone", clock=clock)
+    assert old is not None
+    # A live claim on a third fingerprint, with its (young) run: untouched.
+    busy = "b" * 32
+    live, _ = claims.acquire(store, busy, lease=600.0, owner="alive")
+    assert live is not None
+    store.write_bytes(f"{busy}/runs/20200101T000000-host-3-0badf00d/shard-00000.snap", b"z")
+
+    planned = find_garbage(store, min_age=3600)
+    paths = {g.path: g for g in planned}
+    assert set(paths) == {crashed, f"{lost}/runs/20200101T000000-host-2-cafecafe",
+                          f"{lost}/claims", lost, f"{good.fingerprint}/claims"}  # fmt: skip
+    assert paths[crashed].bytes == 100 and paths[crashed].kind == "run"
+    assert collect_garbage(store, min_age=3600, dry_run=True) == planned
+    assert store.exists(crashed)
+    collect_garbage(store, min_age=3600)
+    assert not store.exists(crashed) and not store.exists(lost)
+    assert store.exists(f"{busy}/runs") and store.exists(f"{busy}/claims")
+    reopened = snapstore.open(good.fingerprint, root=store)
+    assert [s["x"] for s in reopened] == [0, 1, 2, 3]
+    assert find_garbage(store, min_age=3600) == []
+    live.release()
+    good.close()
+    reopened.close()
+
+
+def test_gc_leaves_young_attempts_and_damaged_snapshots(tmp_path: Path) -> None:
+    store = LocalStore(tmp_path)
+    young = "c" * 32
+    run = dt_run(time.time() - 10)
+    store.write_bytes(f"{young}/runs/{run}/shard-00000.snap", b"1")
+    damaged = "d" * 32
+    store.write_bytes(f"{damaged}/COMMIT", b"garbage")
+    store.write_bytes(f"{damaged}/runs/20200101T000000-h-1-00000000/x", b"1")
+    assert find_garbage(store, min_age=3600) == []
+    assert [g.path for g in find_garbage(store, min_age=0)] == [f"{young}/runs/{run}", young]
+    with pytest.raises(ValueError, match="min_age: expected seconds >= 0"):
+        find_garbage(store, min_age=-1)
+
+
+def dt_run(when: float) -> str:
+    stamp = time.strftime("%Y%m%dT%H%M%S", time.gmtime(when))
+    return f"{stamp}-host-{os.getpid()}-12345678"
