@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 
 import snapstore
+import snapstore.catalog
 from snapstore.errors import SnapshotNotFoundError
 from snapstore.store import LocalStore, Store
 from snapstore.writer import SnapshotWriter, WriteOptions
@@ -142,3 +143,48 @@ def test_killed_writer_then_full_rerun(tmp_path: Path) -> None:
     assert out.split()[0] == fp and "DONE 2000" in out
     snap = snapstore.open(fp, root=root)
     assert len(snap) == 2000 and int(snap[1999]["x"][0]) == 1999
+
+
+def kill_at_random_moments(tmp_path: Path, runs: int, seed: int) -> dict[str, int]:
+    """Start the finite writer, SIGKILL it after a random delay (from start-up to past its
+    commit), check nothing partial is visible, and rerun it to completion; ``runs`` times."""
+    import random
+
+    rng = random.Random(seed)
+    outcomes = {"killed before commit": 0, "finished before the kill": 0}
+    root = str(tmp_path / "root")
+    began = time.perf_counter()
+    probe = run_writer(tmp_path, root, "finite")  # how long one full write takes here
+    out, _ = probe.communicate(timeout=120)
+    duration = time.perf_counter() - began
+    fp = out.split()[0]
+    for _ in range(runs):
+        snapstore.catalog.remove_snapshot(LocalStore(root), fp)
+        proc = run_writer(tmp_path, root, "finite")
+        time.sleep(rng.uniform(0, duration * 1.1))
+        proc.kill()
+        proc.wait(timeout=30)
+        store = LocalStore(root)
+        if visible(store, fp):  # it committed before the kill: then it is whole
+            outcomes["finished before the kill"] += 1
+        else:
+            outcomes["killed before commit"] += 1
+        rerun = run_writer(tmp_path, root, "finite")
+        out, _ = rerun.communicate(timeout=120)
+        assert rerun.returncode == 0, out
+        snap = snapstore.open(fp, root=root)
+        assert len(snap) == 2000
+        assert [int(s["x"][0]) for s in snap] == list(range(2000))
+        snap.close()
+    return outcomes
+
+
+def test_sigkill_at_random_moments(tmp_path: Path) -> None:
+    outcomes = kill_at_random_moments(tmp_path, runs=4, seed=1)
+    assert sum(outcomes.values()) == 4
+
+
+@pytest.mark.slow
+def test_sigkill_at_thirty_random_moments(tmp_path: Path) -> None:
+    outcomes = kill_at_random_moments(tmp_path, runs=30, seed=2)
+    assert outcomes["killed before commit"] >= 10  # the kills did land mid-write
