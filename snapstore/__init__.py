@@ -12,6 +12,7 @@
 from .batches import BatchReader
 from .errors import (
     AmbiguousFingerprintError,
+    BusyError,
     CorruptBlockError,
     FingerprintError,
     FormatError,
@@ -36,6 +37,7 @@ __version__ = "0.1.0"
 __all__ = [
     "FORMAT_VERSION",
     "AmbiguousFingerprintError",
+    "BusyError",
     "BatchReader",
     "CorruptBlockError",
     "Field",
