@@ -9,6 +9,9 @@ What is garbage, per fingerprint directory:
   was released (see :mod:`snapstore.claims`);
 - the fingerprint directory itself once nothing else is left in it.
 
+The same rules apply to each partition of a partitioned stage (``<fp>/parts/<p>``, a small
+snapshot of its own with runs, claims and a commit record).
+
 Never garbage: a commit record, the run it names, anything under a fingerprint whose commit
 record cannot be read (``snapstore verify`` reports those; ``snapstore rm`` removes them), and
 anything of a fingerprint with a live claim other than its committed snapshot's claims.
@@ -24,6 +27,7 @@ from typing import Any
 from . import format as fmt
 from .claims import CLAIMS_DIR, inspect_claim
 from .errors import FormatError
+from .partitions import PARTS_DIR
 from .store import Store
 
 __all__ = ["Garbage", "collect_garbage", "find_garbage"]
@@ -73,6 +77,10 @@ def find_garbage(
     found: list[Garbage] = []
     for fingerprint in store.list_dir(""):
         if fmt.is_plain_name(fingerprint) and store.is_dir(fingerprint):
+            for part in store.list_dir(f"{fingerprint}/{PARTS_DIR}"):
+                if fmt.is_plain_name(part):
+                    path = f"{fingerprint}/{PARTS_DIR}/{part}"
+                    found.extend(_fingerprint_garbage(store, path, min_age, now))
             found.extend(_fingerprint_garbage(store, fingerprint, min_age, now))
     return found
 

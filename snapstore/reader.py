@@ -112,7 +112,7 @@ class SnapshotReader:
         self.run_dir = f"{self.fingerprint}/runs/{self.manifest['run']}"
         self.schema = Schema.from_json(self.manifest["schema"])
         self._arrow_schema = self.schema.arrow_schema()
-        self.shards = [fmt.check_name(s.get("path"), "shard") for s in self.manifest["shards"]]
+        self.shard_paths = [self._shard_path(s) for s in self.manifest["shards"]]
         self.index = self._load_index()
         self.offsets = np.zeros(len(self.index) + 1, dtype=np.int64)
         np.cumsum(self.index["rows"].astype(np.int64), out=self.offsets[1:])
@@ -121,6 +121,18 @@ class SnapshotReader:
                 f"index of {self.fingerprint} holds {int(self.offsets[-1])} samples but the "
                 f"manifest says {self.manifest['num_samples']}; the snapshot is corrupt"
             )
+
+    def _shard_path(self, entry: dict[str, Any]) -> str:
+        """Where a manifest's shard entry lives: in the run directory, or (a snapshot assembled
+        from partitions) in the directory ``dir`` under the fingerprint, each part a plain name."""
+        name = fmt.check_name(entry.get("path"), "shard")
+        where = entry.get("dir")
+        if where is None:
+            return f"{self.run_dir}/{name}"
+        parts = where.split("/") if isinstance(where, str) else [where]
+        for part in parts:
+            fmt.check_name(part, "shard directory component")
+        return f"{self.fingerprint}/{where}/{name}"
 
     def _load_index(self) -> np.ndarray[Any, Any]:
         meta = self.manifest["index"]
@@ -134,7 +146,7 @@ class SnapshotReader:
         index = fmt.read_index(data, where)
         sizes = np.array([int(s.get("size", -1)) for s in self.manifest["shards"]], dtype=np.int64)
         if len(index) and (
-            int(index["shard"].max()) >= len(self.shards)
+            int(index["shard"].max()) >= len(self.shard_paths)
             or bool(
                 np.any(
                     index["offset"].astype(np.int64) + index["length"].astype(np.int64)
@@ -177,7 +189,7 @@ class SnapshotReader:
     def load_block(self, block: int) -> BlockColumns:
         """Fetch, verify and decode one block (no caching)."""
         entry = self.index[block]
-        path = f"{self.run_dir}/{self.shards[int(entry['shard'])]}"
+        path = self.shard_paths[int(entry["shard"])]
         return self._decode(block, self._fetch(path, int(entry["offset"]), int(entry["length"])))
 
     def block(self, block: int) -> BlockColumns:
@@ -245,7 +257,7 @@ class SnapshotReader:
             chunks,
             locate=lambda indices: self.locate(indices)[0],
             index=self.index,
-            paths=[f"{self.run_dir}/{shard}" for shard in self.shards],
+            paths=self.shard_paths,
             fetch=fetch or self._fetch,
             decode=self._decode,
             budget_bytes=budget_bytes,
@@ -267,7 +279,7 @@ class SnapshotReader:
 
     def _decode(self, block: int, data: Any) -> BlockColumns:
         entry = self.index[block]
-        shard = f"{self.run_dir}/{self.shards[int(entry['shard'])]}"
+        shard = self.shard_paths[int(entry["shard"])]
         return BlockColumns(self.schema, fmt.decode_block(data, entry, self._arrow_schema, shard))
 
     def __iter__(self) -> Iterator[dict[str, Any]]:

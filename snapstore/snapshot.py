@@ -9,12 +9,13 @@ unless one with that fingerprint is already committed.
 from __future__ import annotations
 
 import functools
+import inspect
 import logging
 import os
 import shutil
 import tempfile
 import weakref
-from collections.abc import Callable, Collection, Iterable, Iterator, Mapping
+from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
 from typing import Any, TypeVar, overload
 
 from . import claims
@@ -23,6 +24,7 @@ from .batches import BatchReader
 from .catalog import previous_of_stage, stored_fingerprint
 from .errors import AmbiguousFingerprintError, BusyError, SnapshotNotFoundError, StageError
 from .fingerprint import Fingerprint, diff_parts, fingerprint_stage
+from .partitions import commit_partitions, partition_dir, partition_done, write_partition
 from .plan import PlanOptions
 from .reader import SnapshotReader, load_manifest
 from .schema import Schema
@@ -270,6 +272,8 @@ class Stage:
         options: WriteOptions | None = None,
         on_busy: str = "wait",
         lease: float = 60.0,
+        partition_by: str | None = None,
+        partition_size: int = 1,
     ) -> None:
         if not callable(fn):
             raise TypeError(
@@ -291,6 +295,17 @@ class Stage:
             raise ValueError(f"lease: expected a positive number of seconds, found {lease!r}")
         self.on_busy = on_busy
         self.lease = float(lease)
+        if partition_by is not None and partition_by not in inspect.signature(fn).parameters:
+            raise ValueError(
+                f"partition_by={partition_by!r} is not a parameter of {_stage_name(fn)}; "
+                "name the argument that holds the list of inputs to split"
+            )
+        if isinstance(partition_size, bool) or not isinstance(partition_size, int):
+            raise TypeError(f"partition_size: expected an int, found {partition_size!r}")
+        if partition_size < 1:
+            raise ValueError(f"partition_size: expected an int >= 1, found {partition_size}")
+        self.partition_by = partition_by
+        self.partition_size = partition_size
         self.clock: claims.Clock = claims.SystemClock()
         self.name = _stage_name(fn)
         functools.update_wrapper(self, fn)
@@ -331,6 +346,9 @@ class Stage:
     def write(self, snap: Snapshot, progress: ProgressCallback | None) -> None:
         """Materialize ``snap``: claim it and compute, or wait for the job that holds the claim
         (or pass through, or raise, per ``on_busy``); on any error nothing is visible."""
+        if self.partition_by is not None:
+            self._write_partitioned(snap, progress)
+            return
         watched: dict[str, Any] = {"lease": self.lease}
         announced = False
         while True:
@@ -365,6 +383,107 @@ class Stage:
                 return
             self._compute(snap, progress)
 
+    def partitions(self, snap: Snapshot) -> list[Callable[[], Iterable[Mapping[str, Any]]]]:
+        """The stage call split on ``partition_by``: one zero-argument callable per partition."""
+        bound = inspect.signature(self.fn).bind(*snap._args, **snap._kwargs)
+        bound.apply_defaults()
+        name = self.partition_by
+        assert name is not None
+        values = bound.arguments[name]
+        if not isinstance(values, Sequence) or isinstance(values, (str, bytes)):
+            raise TypeError(
+                f"partition_by={name!r}: expected a sequence (list, tuple, range) of inputs, "
+                f"found {type(values).__name__}"
+            )
+        size = self.partition_size
+        calls: list[Callable[[], Iterable[Mapping[str, Any]]]] = []
+        for start in range(0, len(values), size):
+            part = bound.arguments.copy()
+            part[name] = values[start : start + size]
+            piece = inspect.BoundArguments(bound.signature, part)
+            calls.append(functools.partial(self._samples, piece.args, piece.kwargs))
+        return calls
+
+    def _samples(
+        self, args: tuple[Any, ...], kwargs: dict[str, Any]
+    ) -> Iterable[Mapping[str, Any]]:
+        samples = self.fn(*args, **kwargs)
+        if not isinstance(samples, Iterable):
+            raise StageError(
+                f"stage {self.name} returned {type(samples).__name__}; expected an iterable of "
+                "sample dicts (write it as a generator that yields dicts)."
+            )
+        return samples
+
+    def _write_partitioned(self, snap: Snapshot, progress: ProgressCallback | None) -> None:
+        """Compute the partitions no other live job holds, wait for the others (taking over
+        expired claims), then assemble and commit. Finished partitions are never recomputed."""
+        store, fp = snap.store, snap.fingerprint
+        calls = self.partitions(snap)
+        watched: dict[int, dict[str, Any]] = {p: {"lease": self.lease} for p in range(len(calls))}
+        pending = [p for p in range(len(calls)) if not partition_done(store, fp, p)]
+        while pending and not snap.committed:
+            for p in pending:
+                if partition_done(store, fp, p):
+                    continue
+                where = partition_dir(fp, p)
+                claim, state = claims.acquire(
+                    store, where, lease=self.lease, clock=self.clock, watched=watched[p]
+                )
+                if claim is None:
+                    if self.on_busy == "error":
+                        raise BusyError(
+                            f"partition {p} of {self.name} ({fp}) is being computed by "
+                            f"{state.describe()} under {store.url}; use on_busy='wait' to "
+                            "share the work, or 'pass' to compute without storing"
+                        )
+                    if self.on_busy == "pass":
+                        self._pass_through(snap, progress)
+                        return
+                    continue
+                with claim:
+                    if not partition_done(store, fp, p):
+                        self._write_one_partition(snap, p, calls[p], progress)
+            pending = [p for p in pending if not partition_done(store, fp, p)]
+            if pending:
+                self.clock.sleep(min(self.lease / 4, 2.0))
+        if not snap.committed:
+            commit_partitions(store, fp, len(calls), self._manifest_extra(snap), schema=self.schema)
+
+    def _write_one_partition(
+        self,
+        snap: Snapshot,
+        partition: int,
+        samples: Callable[[], Iterable[Mapping[str, Any]]],
+        progress: ProgressCallback | None,
+    ) -> None:
+        try:
+            write_partition(
+                snap.store,
+                snap.fingerprint,
+                partition,
+                samples,
+                schema=self.schema,
+                options=self.options,
+                progress=progress,
+            )
+        except BaseException as exc:
+            exc.add_note(
+                f"snapstore: partition {partition} of stage {self.name} failed; nothing was "
+                f"committed for it. Finished partitions of {snap.fingerprint} are kept and a "
+                "rerun computes only the missing ones."
+            )
+            raise
+
+    def _manifest_extra(self, snap: Snapshot) -> dict[str, Any]:
+        fp = snap._fp
+        return {
+            "stage": self.name,
+            "fingerprint_parts": fp.parts if fp else {},
+            "fingerprint_details": fp.details if fp else {},
+            "version": self.version,
+        }
+
     def _pass_through(self, snap: Snapshot, progress: ProgressCallback | None) -> None:
         """Compute into a private temporary store that ``snap`` then reads (removed with it)."""
         directory = tempfile.mkdtemp(prefix="snapstore-pass-")
@@ -374,17 +493,10 @@ class Stage:
 
     def _compute(self, snap: Snapshot, progress: ProgressCallback | None) -> None:
         """Run the stage for ``snap``'s arguments and commit; on any error nothing is visible."""
-        fp = snap._fp
-        extra = {
-            "stage": self.name,
-            "fingerprint_parts": fp.parts if fp else {},
-            "fingerprint_details": fp.details if fp else {},
-            "version": self.version,
-        }
         writer = SnapshotWriter(
             snap.store,
             snap.fingerprint,
-            extra,
+            self._manifest_extra(snap),
             schema=self.schema,
             options=self.options,
             progress=progress,
@@ -444,6 +556,16 @@ def snapshot(fn: F | None = None, **settings: Any) -> Stage | Callable[[F], Stag
         started together): ``"wait"`` (default) for its commit, then read it (taking the claim
         over if the holder stops renewing it); ``"pass"``: compute without storing, into a
         private temporary directory; ``"error"``: raise :class:`BusyError`.
+    partition_by : str, optional
+        The parameter holding a list of inputs (files, URLs, ranges) to split the stage on.
+        Each partition (``partition_size`` consecutive inputs) is computed by calling the
+        function with just those inputs, committed on its own, and never recomputed: a rerun
+        after a crash computes only the missing partitions, and jobs of a sweep share the
+        partitions between them (with ``on_busy="wait"``). The snapshot is the partitions'
+        samples in order, so the function must produce for a list what it produces for its
+        pieces one after another. Does not change the fingerprint.
+    partition_size : int
+        Inputs per partition (default 1).
     lease : float
         Seconds a claim lives without a heartbeat (the holder renews it every ``lease / 4``);
         after that a waiting job takes it over. Clocks of the jobs should agree to well within
@@ -474,12 +596,15 @@ def snapshot(fn: F | None = None, **settings: Any) -> Stage | Callable[[F], Stag
         "options",
         "on_busy",
         "lease",
+        "partition_by",
+        "partition_size",
     }
     unknown = set(settings) - allowed
     if unknown:
         raise TypeError(
             f"snapshot() got unexpected settings {sorted(unknown)}; expected root, "
-            "version, key, ignore, ignore_globals, schema, options, on_busy or lease"
+            "version, key, ignore, ignore_globals, schema, options, on_busy, lease, "
+            "partition_by or partition_size"
         )
     if fn is None:
         return lambda f: Stage(f, **settings)

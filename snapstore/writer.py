@@ -99,6 +99,27 @@ class WriteOptions:
                 )
 
 
+def publish(
+    store: Store, fingerprint: str, run: str, index_bytes: bytes, manifest: dict[str, Any]
+) -> bool:
+    """Write a run's index and manifest, make them durable, then create the commit record if
+    absent (section 10.1 of docs/format.md). True if this run became the snapshot."""
+    run_dir = f"{fingerprint}/runs/{run}"
+    store.write_bytes(f"{run_dir}/{fmt.INDEX_NAME}", index_bytes)
+    data = fmt.dump_json(manifest)
+    store.write_bytes(f"{run_dir}/{fmt.MANIFEST_NAME}", data)
+    store.sync_dir(run_dir)  # the run's files are durable before the commit
+    store.sync_dir(f"{fingerprint}/runs")
+    record = fmt.CommitRecord(
+        fingerprint=fingerprint,
+        run=run,
+        manifest_size=len(data),
+        manifest_checksum=fmt.checksum(data),
+        committed_at=dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
+    )
+    return store.create_if_absent(f"{fingerprint}/{fmt.COMMIT_NAME}", record.to_bytes())
+
+
 def new_run_id() -> str:
     """A run name unique per writer attempt: time, host, pid and random bits."""
     stamp = dt.datetime.now(dt.UTC).strftime("%Y%m%dT%H%M%S")
@@ -158,8 +179,11 @@ class SnapshotWriter:
         progress: ProgressCallback | None = None,
     ) -> None:
         self.store = store
-        if not fmt.is_plain_name(fingerprint):
-            raise ValueError(f"fingerprint {fingerprint!r} is not a plain directory name")
+        if not all(fmt.is_plain_name(part) for part in fingerprint.split("/")):
+            raise ValueError(
+                f"fingerprint {fingerprint!r} is not a plain directory name (or, for a "
+                "partition, a path of plain names)"
+            )
         self.fingerprint = fingerprint
         self.options = options or WriteOptions()
         self.run = new_run_id()
@@ -336,21 +360,8 @@ class SnapshotWriter:
             self._drain()
             index = _index_array(self._entries)
             index_bytes = fmt.write_index(index)
-            self.store.write_bytes(f"{self.run_dir}/{fmt.INDEX_NAME}", index_bytes)
-            manifest = fmt.dump_json(self._manifest(index, index_bytes))
-            self.store.write_bytes(f"{self.run_dir}/{fmt.MANIFEST_NAME}", manifest)
-            self.store.sync_dir(self.run_dir)  # the run's files are durable before the commit
-            self.store.sync_dir(f"{self.fingerprint}/runs")
-            record = fmt.CommitRecord(
-                fingerprint=self.fingerprint,
-                run=self.run,
-                manifest_size=len(manifest),
-                manifest_checksum=fmt.checksum(manifest),
-                committed_at=dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
-            )
-            won = self.store.create_if_absent(
-                f"{self.fingerprint}/{fmt.COMMIT_NAME}", record.to_bytes()
-            )
+            manifest = self._manifest(index, index_bytes)
+            won = publish(self.store, self.fingerprint, self.run, index_bytes, manifest)
         except BaseException:
             self.abort()
             raise

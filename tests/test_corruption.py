@@ -29,11 +29,11 @@ def written(tmp_path):
 
 @pytest.mark.parametrize("block", [0, 5])
 def test_flipped_byte_names_shard_and_offset(written, block: int) -> None:
-    store, run_dir = written
+    store, _ = written
     reader = SnapshotReader(store, "fp")
     entry = reader.index[block]
-    shard = reader.shards[int(entry["shard"])]
-    path = store.root / run_dir / shard
+    shard = reader.shard_paths[int(entry["shard"])]
+    path = store.root / shard
     data = bytearray(path.read_bytes())
     data[int(entry["offset"]) + int(entry["length"]) // 2] ^= 0xFF
     path.write_bytes(bytes(data))
@@ -134,7 +134,7 @@ def test_raw_length_is_checked(written) -> None:
     entry = reader.index[0].copy()
     entry["raw_length"] = int(entry["length"]) + 1
     data = reader.store.read_range(
-        f"{reader.run_dir}/{reader.shards[0]}", int(entry["offset"]), int(entry["length"])
+        reader.shard_paths[0], int(entry["offset"]), int(entry["length"])
     )
     with pytest.raises(CorruptBlockError, match="claims"):
         fmt.decode_block(data, entry, reader.schema.arrow_schema(), "shard")

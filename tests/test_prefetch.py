@@ -133,7 +133,7 @@ def test_a_permanent_error_is_not_retried(remote: SnapshotReader) -> None:
 
 
 def test_missing_shard_is_a_format_error_naming_it(remote: SnapshotReader) -> None:
-    shard = f"{remote.run_dir}/{remote.shards[0]}"
+    shard = remote.shard_paths[0]
     remote.store.fs.rm(remote.store._path(shard))
     _plan, pf = prefetcher(remote)
     with pytest.raises(FormatError, match=r"shard .* is missing; the snapshot is damaged"):

@@ -147,7 +147,7 @@ def test_roundtrip_every_backend(store: Store) -> None:
         for i in range(500)
     ]
     reader = write(store, samples, block_bytes=4096, shard_bytes=20_000)
-    assert len(reader.shards) > 1 and reader.num_blocks > 10
+    assert len(reader.shard_paths) > 1 and reader.num_blocks > 10
     assert_samples(reader, samples)
     reader.close()
 

@@ -1,0 +1,168 @@
+"""Partitioned writes: a stage over a list of inputs, written and committed partition by partition.
+
+Pure and engine-free: :func:`write_partition` writes one partition and commits it as a small
+snapshot of its own under ``<fp>/parts/<p>`` (same files and commit protocol as a whole
+snapshot), and :func:`commit_partitions` assembles the finished partitions into the snapshot:
+one block index over all of them and a manifest whose shard entries point into the partitions'
+runs (``"dir"``). A crash between the two loses nothing but the current partition: a rerun
+finds the finished ones by their commit records and computes the rest. The written order is
+the partitions' in order, whoever computed each.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import os
+import socket
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any
+
+import numpy as np
+
+from . import format as fmt
+from .errors import FormatError, SchemaError
+from .reader import SnapshotReader
+from .schema import Schema
+from .store import Store
+from .writer import ProgressCallback, SnapshotWriter, WriteOptions, new_run_id, publish
+
+__all__ = ["commit_partitions", "partition_dir", "partition_done", "write_partition"]
+
+PARTS_DIR = "parts"
+
+
+def partition_dir(fingerprint: str, partition: int) -> str:
+    """Where partition ``partition`` of ``fingerprint`` lives, relative to the root."""
+    return f"{fingerprint}/{PARTS_DIR}/{partition:06d}"
+
+
+def partition_done(store: Store, fingerprint: str, partition: int) -> bool:
+    """Whether the partition is committed."""
+    return store.exists(f"{partition_dir(fingerprint, partition)}/{fmt.COMMIT_NAME}")
+
+
+def write_partition(
+    store: Store,
+    fingerprint: str,
+    partition: int,
+    samples: Callable[[], Iterable[Mapping[str, Any]]],
+    *,
+    schema: Schema | None = None,
+    options: WriteOptions | None = None,
+    progress: ProgressCallback | None = None,
+) -> bool:
+    """Compute one partition (``samples()``) and commit it; on any error nothing is committed.
+
+    Returns
+    -------
+    bool
+        True if this call's run became the partition, False if another job committed it first.
+    """
+    extra = {"partition": partition, "snapshot": fingerprint}
+    writer = SnapshotWriter(
+        store,
+        partition_dir(fingerprint, partition),
+        extra,
+        schema=schema,
+        options=options,
+        progress=progress,
+    )
+    try:
+        for sample in samples():
+            writer.add(sample)
+    except BaseException:
+        writer.abort()
+        raise
+    return writer.commit()
+
+
+def commit_partitions(
+    store: Store,
+    fingerprint: str,
+    partitions: int,
+    manifest_extra: Mapping[str, Any] | None = None,
+    *,
+    schema: Schema | None = None,
+) -> bool:
+    """Assemble ``partitions`` committed partitions into the snapshot and commit it.
+
+    Raises
+    ------
+    FormatError
+        If a partition is not committed.
+    SchemaError
+        If partitions inferred different schemas (declare one with ``schema=``).
+
+    Returns
+    -------
+    bool
+        True if this call committed the snapshot, False if another job had already.
+    """
+    readers = []
+    for p in range(partitions):
+        if not partition_done(store, fingerprint, p):
+            raise FormatError(
+                f"partition {p} of {fingerprint} under {store.url} is not committed; "
+                "compute it before assembling the snapshot"
+            )
+        readers.append(SnapshotReader(store, partition_dir(fingerprint, p)))
+    merged = _merged_schema(readers, schema, fingerprint)
+    indexes: list[np.ndarray[Any, Any]] = []
+    shards: list[dict[str, Any]] = []
+    for reader in readers:
+        index = reader.index.copy()
+        index["shard"] += len(shards)
+        indexes.append(index)
+        run_dir = reader.run_dir.removeprefix(f"{fingerprint}/")
+        for entry, name in zip(reader.manifest["shards"], reader.shard_paths):
+            shards.append({**entry, "path": name.rsplit("/", 1)[-1], "dir": run_dir})
+    index = np.concatenate(indexes) if indexes else np.zeros(0, fmt.INDEX_DTYPE)
+    index_bytes = fmt.write_index(index)
+    run = new_run_id()
+    manifests = [r.manifest for r in readers]
+    manifest = {
+        **dict(manifest_extra or {}),
+        "format": "snapstore",
+        "format_version": fmt.FORMAT_VERSION,
+        "fingerprint": fingerprint,
+        "run": run,
+        "created_at": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
+        "host": socket.gethostname(),
+        "pid": os.getpid(),
+        "schema": merged.to_json(),
+        "schema_declared": schema is not None,
+        "num_samples": sum(int(m["num_samples"]) for m in manifests),
+        "num_blocks": len(index),
+        "raw_bytes": sum(int(m["raw_bytes"]) for m in manifests),
+        "stored_bytes": sum(int(m["stored_bytes"]) for m in manifests),
+        "shards": shards,
+        "index": {
+            "path": fmt.INDEX_NAME,
+            "size": len(index_bytes),
+            "crc32": fmt.checksum(index_bytes),
+        },
+        "partitions": partitions,
+        "write_options": manifests[0].get("write_options", {}) if manifests else {},
+    }
+    won = publish(store, fingerprint, run, index_bytes, manifest)
+    if not won:
+        store.remove_tree(f"{fingerprint}/runs/{run}")
+    return won
+
+
+def _merged_schema(readers: list[SnapshotReader], declared: Schema | None, fp: str) -> Schema:
+    if declared is not None:
+        return declared
+    found: Schema | None = None
+    for p, reader in enumerate(readers):
+        if not len(reader):
+            continue  # an empty partition inferred nothing
+        if found is None:
+            found = reader.schema
+        elif reader.schema != found:
+            raise SchemaError(
+                f"partitions of {fp} inferred different schemas: partition {p} has "
+                f"{reader.schema.to_json()}, an earlier one {found.to_json()}. Declare the "
+                "schema with snapshot(..., schema=...) so every partition writes the same types."
+            )
+    return found or Schema(())
