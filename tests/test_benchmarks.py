@@ -48,3 +48,12 @@ def test_bench_reader_smoke(tmp_path: Path) -> None:
     ):
         assert label in labels, f"{label!r} missing from:\n{out.stdout}"
     assert list(tmp_path.iterdir()) == []  # the scratch directory is removed
+
+
+def test_bench_gcs_smoke(tmp_path: Path) -> None:
+    script = BENCH.parent / "bench_gcs.py"
+    cmd = [sys.executable, str(script), "--scale", "0.01", "--tmp", str(tmp_path)]
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stderr
+    assert "gcsfs, 50 ms first byte (samples/s)" in out.stdout
+    assert "ttfb / local" in out.stdout
