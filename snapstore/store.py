@@ -3,35 +3,55 @@
 A store is rooted at a directory or URL; every path it takes is relative to that root and uses
 ``/``. The one primitive the commit protocol needs is :meth:`Store.create_if_absent`: it writes a
 small file only if no file of that name exists, atomically, and says whether it did.
+:class:`LocalStore` does it with a temp file and ``os.link`` (atomic on POSIX); an
+:class:`FsspecStore` asks the service (GCS ``ifGenerationMatch=0``, S3 ``If-None-Match: *``)
+or, for fsspec's memory filesystem, holds a process-wide lock. :data:`ATOMIC_CREATE_PROTOCOLS`
+lists the protocols where it is atomic; elsewhere (HDFS) the store warns once.
 
-- :class:`LocalStore` does it with a temp file in the target directory and ``os.link``, which
-  fails if the name exists (POSIX ``link`` is atomic), then fsyncs the directory.
-- :class:`FsspecStore` uses ``pipe_file(mode="create")``; fsspec's memory filesystem honours it.
-  Backends whose fsspec driver only emulates it (exists, then write) are unsafe for concurrent
-  writers; see docs/guide.md.
-
-Errors from the backend are translated here: a missing file stays ``FileNotFoundError``, any
-other failure becomes :class:`StoreError` naming the URL and what to check.
+Errors are translated here, at the boundary. A missing file stays ``FileNotFoundError`` (the
+reader and the commit protocol rely on it). An :class:`FsspecStore` retries transient failures
+(timeouts, resets, HTTP 429 and 5xx) under a :class:`RetryPolicy`; anything else, and a
+transient failure that outlasts the retries, becomes :class:`StoreError` naming the URL and
+what to check.
 """
 
 from __future__ import annotations
 
 import contextlib
 import errno
+import io
+import itertools
+import logging
 import mmap
 import os
+import random
 import secrets
 import shutil
 import sys
+import tempfile
 import threading
+import time
 from abc import ABC, abstractmethod
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, Any, TypeVar
 
 from .errors import StoreError
 
-__all__ = ["FsspecStore", "LocalStore", "Store", "default_root", "open_store"]
+__all__ = [
+    "ATOMIC_CREATE_PROTOCOLS",
+    "FsspecStore",
+    "LocalStore",
+    "RetryPolicy",
+    "Store",
+    "default_root",
+    "open_store",
+]
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
 
 _HINTS = {
     errno.EACCES: "check the permissions of the directory, or choose another root",
@@ -42,26 +62,18 @@ _HINTS = {
 }
 
 
-def _translate(exc: OSError, op: str, url: str) -> Exception:
-    if isinstance(exc, FileNotFoundError):
-        return exc
-    hint = _HINTS.get(exc.errno or 0, "check that the store is reachable and writable")
-    err = StoreError(f"cannot {op} {url}: {exc.strerror or exc}; {hint}")
-    err.errno = exc.errno
-    return err
-
-
 @contextlib.contextmanager
 def _translated(op: str, url: str) -> Iterator[None]:
+    """Local OSErrors as StoreError naming ``url`` (a missing file stays FileNotFoundError)."""
     try:
         yield
-    except StoreError:
+    except (StoreError, FileNotFoundError):
         raise
     except OSError as exc:
-        raised = _translate(exc, op, url)
-        if raised is exc:
-            raise
-        raise raised from exc
+        hint = _HINTS.get(exc.errno or 0, "check that the store is reachable and writable")
+        err = StoreError(f"cannot {op} {url}: {exc.strerror or exc}; {hint}")
+        err.errno = exc.errno
+        raise err from exc
 
 
 class Store(ABC):
@@ -73,6 +85,9 @@ class Store(ABC):
     # Readers may merge adjacent blocks into one range read. A store that keys something on
     # the exact ranges it is asked for (a block cache) turns this off.
     coalesce: bool = True
+    # Whether create_if_absent is atomic among all writers, in every process and host that
+    # can see the store (see ATOMIC_CREATE_PROTOCOLS). Wrappers should report their target's.
+    atomic_create: bool = True
 
     def join(self, path: str) -> str:
         """The full URL of a relative path, for messages."""
@@ -276,83 +291,424 @@ class LocalStore(Store):
             self._maps.clear()  # each mapping is released with the last block that views it
 
 
+# -- fsspec stores ---------------------------------------------------------------------------
+
+# Protocols whose create-if-absent is atomic for every writer that can see the store: GCS
+# (ifGenerationMatch=0) and S3 (If-None-Match: *) refuse a second create on the service, a local
+# filesystem creates with O_EXCL, and fsspec's memory filesystem (one process) creates under
+# _CREATE_LOCK. A wrapper (DirFileSystem, the latency simulator) is judged by its ``fs``.
+ATOMIC_CREATE_PROTOCOLS = frozenset({"memory", "gs", "gcs", "s3", "s3a", "file", "local"})
+# No directories, so no makedirs (s3fs' would create a missing bucket, hiding a typo).
+_OBJECT_STORES = frozenset({"gs", "gcs", "s3", "s3a"})
 _CREATE_LOCK = threading.Lock()
+_WARNED: set[str] = set()  # protocols already warned about (once per process)
+
+# s3fs turns 503 SlowDown and 409 OperationAborted into EBUSY, 500 InternalError into EREMOTEIO.
+_TRANSIENT_ERRNOS = frozenset(
+    getattr(errno, name)
+    for name in "ECONNRESET ECONNABORTED ECONNREFUSED ETIMEDOUT EPIPE EAGAIN EBUSY EREMOTEIO "  # noqa: SIM905
+    "ENETDOWN ENETUNREACH ENETRESET EHOSTUNREACH EHOSTDOWN".split()
+    if hasattr(errno, name)
+)
+# Foreign exceptions by qualified class name (in the MRO): no import of aiohttp, botocore...
+_TRANSIENT_TYPES = {
+    "aiohttp.client_exceptions.ClientConnectionError",  # resets, disconnects, socket timeouts
+    "aiohttp.client_exceptions.ClientPayloadError",  # a body cut short
+    "botocore.exceptions.HTTPClientError",  # read and connect timeouts, closed connections
+    "botocore.exceptions.ConnectionError",  # endpoint unreachable
+    "requests.exceptions.ConnectionError",
+    "requests.exceptions.Timeout",
+    "requests.exceptions.ChunkedEncodingError",
+    "gcsfs.retry.ChecksumError",  # a download garbled on the way: fetch it again
+}
+_CREDENTIAL_TYPES = {
+    "botocore.exceptions.NoCredentialsError",
+    "botocore.exceptions.PartialCredentialsError",
+    "botocore.exceptions.CredentialRetrievalError",
+    "google.auth.exceptions.DefaultCredentialsError",
+    "google.auth.exceptions.RefreshError",
+}
+_KIND_HINTS = {
+    "permission": "check that the credentials grant access to it (on a bucket: reading, "
+    "writing, listing and deleting objects)",
+    "credentials": "check the credentials: the storage options (token=..., key=/secret=...) "
+    "or the environment (GOOGLE_APPLICATION_CREDENTIALS, AWS_PROFILE, AWS_ACCESS_KEY_ID)",
+    "bucket": "the bucket does not exist, or these credentials cannot see it; check the bucket "
+    "name in the URL, or create the bucket",
+    "location": "the location does not exist; check the URL",
+    "transient": "the store did not answer; check the network and the endpoint, or try again",
+    "permanent": "check that the store is reachable and writable",
+}
+# The prefetcher does not retry an error whose errno says "missing" or "access denied".
+_KIND_ERRNOS = {"permission": errno.EACCES, "credentials": errno.EACCES, "bucket": errno.ENOENT,
+                "location": errno.ENOENT, "transient": errno.ETIMEDOUT}  # fmt: skip
+
+
+def _http_status(exc: BaseException, names: set[str]) -> int | None:
+    """The HTTP status a driver's exception carries, if it is one that carries one."""
+    if "gcsfs.retry.HttpError" in names:
+        code = getattr(exc, "code", None)
+    elif "aiohttp.client_exceptions.ClientResponseError" in names:
+        code = getattr(exc, "status", None)
+    elif "botocore.exceptions.ClientError" in names:
+        response = getattr(exc, "response", None) or {}
+        code = response.get("ResponseMetadata", {}).get("HTTPStatusCode")
+    else:
+        return None
+    return int(code) if isinstance(code, int | str) and str(code).isdigit() else None
+
+
+def _classify(exc: BaseException) -> str | None:
+    """What a failure means: ``missing``, ``exists``, ``transient``, ``permission``,
+    ``credentials`` or ``permanent``; None for an exception that is not a storage failure (a
+    bad argument, a bug), which passes through unchanged."""
+    if isinstance(exc, StoreError):
+        return None  # translated already
+    names = {f"{k.__module__}.{k.__qualname__}" for k in type(exc).__mro__}
+    status = _http_status(exc, names)
+    if status is not None:
+        if status in (408, 429) or status >= 500:
+            return "transient"
+        return {401: "credentials", 403: "permission", 404: "missing"}.get(status, "permanent")
+    if names & _CREDENTIAL_TYPES:
+        return "credentials"
+    if names & _TRANSIENT_TYPES:
+        return "transient"
+    if isinstance(exc, FileNotFoundError | NotADirectoryError):
+        return "missing"
+    if isinstance(exc, FileExistsError):
+        return "exists"
+    if isinstance(exc, PermissionError):
+        return "permission"
+    if isinstance(exc, TimeoutError | ConnectionError):
+        return "transient"
+    if isinstance(exc, OSError):
+        if exc.errno in _TRANSIENT_ERRNOS:
+            return "transient"
+        if exc.errno in (errno.EACCES, errno.EPERM) or str(exc).startswith("Forbidden"):
+            return "permission"  # gcsfs raises a plain OSError("Forbidden: ...") for a 403
+        return "permanent"
+    return None
+
+
+def _no_such_bucket(exc: BaseException) -> bool:
+    """Whether a "not found" is about the bucket (s3fs says so; gcsfs cannot tell)."""
+    text = f"{exc} {exc.__cause__}"
+    return "NoSuchBucket" in text or "specified bucket does not exist" in text
+
+
+def _innermost(fs: Any) -> Any:
+    """The filesystem that holds the data, through wrappers that keep theirs in ``fs``."""
+    for _ in range(8):
+        inner = getattr(fs, "fs", None)
+        if _protocol(fs) in ATOMIC_CREATE_PROTOCOLS or not hasattr(inner, "protocol"):
+            break
+        fs = inner
+    return fs
+
+
+def _protocol(fs: Any) -> str:
+    return str(fs.protocol if isinstance(fs.protocol, str) else fs.protocol[0])
+
+
+@dataclass(frozen=True)
+class RetryPolicy:
+    """How :class:`FsspecStore` retries a transient failure: bounded exponential backoff with
+    full jitter. Before retry ``k`` (1, 2, ...) it sleeps a uniformly random time in
+    ``[0, min(cap, base * 2**(k - 1))]``, so that clients retrying after one hiccup spread out;
+    with the defaults all retries together wait at most 0.05 + 0.1 + 0.2 = 0.35 s.
+
+    Parameters
+    ----------
+    attempts : int
+        Tries in all, the first included; 1 turns retries off. 4, because gcsfs and s3fs retry
+        HTTP 429 and 5xx themselves (6 and 5 times, over seconds): this layer catches what they
+        let through (a reset mid-body, a timeout of fsspec's event loop) and should not
+        multiply their waits.
+    base : float
+        Seconds (at most) before the first retry: 0.05, about a round trip to a bucket nearby.
+    cap : float
+        The most seconds one wait can take: 2.
+
+    Raises
+    ------
+    ValueError
+        If a setting is out of range.
+    """
+
+    attempts: int = 4
+    base: float = 0.05
+    cap: float = 2.0
+
+    def __post_init__(self) -> None:
+        if type(self.attempts) is not int or self.attempts < 1:
+            raise ValueError(f"attempts must be an integer >= 1, got {self.attempts!r}")
+        for name in ("base", "cap"):
+            value = getattr(self, name)
+            if not isinstance(value, int | float) or not 0 <= value < float("inf"):
+                raise ValueError(f"{name} must be a finite number of seconds >= 0, got {value!r}")
+
+    def backoff(self, retry: int) -> float:
+        """Seconds to wait before retry number ``retry`` (1 for the first)."""
+        return random.uniform(0.0, min(self.cap, self.base * 2.0 ** (retry - 1)))
+
+
+class _SpooledUpload:
+    """A file for :meth:`FsspecStore.open_write`: spooled in memory, past 8 MiB in a temporary
+    file, and uploaded whole on close, so that a failed upload can be retried (a streamed one
+    cannot be, once a part is sent; and gcsfs and s3fs hold 50 MiB parts in memory)."""
+
+    spool_bytes = 8 << 20
+
+    def __init__(self, store: FsspecStore, path: str) -> None:
+        self._store, self._path = store, path
+        self._spool: Any = io.BytesIO()
+        self._url = f"{store.join(path)} (spooled in {tempfile.gettempdir()})"
+        self.closed = False
+
+    def write(self, data: Any) -> int:
+        with _translated("write", self._url):
+            spool, size = self._spool, memoryview(data).nbytes
+            if isinstance(spool, io.BytesIO) and spool.tell() + size > self.spool_bytes:
+                # Unnamed: it goes with the process, even a killed one (no leak in /tmp).
+                self._spool = tempfile.TemporaryFile(prefix="snapstore-upload-")  # noqa: SIM115
+                self._spool.write(spool.getbuffer())
+            return int(self._spool.write(data))
+
+    def close(self) -> None:
+        if self.closed:
+            return
+        self.closed = True
+        spool = self._spool
+        try:
+            with _translated("write", self._url):
+                spool.flush()
+            self._store._upload(
+                self._path, spool.getvalue() if isinstance(spool, io.BytesIO) else spool
+            )
+        finally:
+            spool.close()
+
+    def __enter__(self) -> _SpooledUpload:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
 
 class FsspecStore(Store):
-    """A store on any fsspec filesystem (memory, and the object stores of later releases).
+    """A store on any fsspec filesystem: GCS, S3, memory, HDFS, and wrappers around them.
+
+    Operations retry transient failures under ``retry``; other failures raise
+    :class:`StoreError` naming the URL (a missing file stays ``FileNotFoundError``).
+    :meth:`open_write` spools locally and uploads whole on close, so an upload can be retried.
+    Listings are never served from fsspec's listings cache (other processes make it stale).
+    ``atomic_create`` says whether the protocol of the filesystem holding the data is in
+    :data:`ATOMIC_CREATE_PROTOCOLS`.
 
     Parameters
     ----------
     fs : fsspec.AbstractFileSystem
         The filesystem.
     root : str
-        The root path inside ``fs`` (no protocol).
+        The root path inside ``fs`` (no protocol), e.g. ``"bucket/snaps"``.
+    retry : RetryPolicy, optional
+        How transient failures are retried; default ``RetryPolicy()``.
     """
 
-    def __init__(self, fs: Any, root: str) -> None:
+    def __init__(self, fs: Any, root: str, *, retry: RetryPolicy | None = None) -> None:
         self.fs = fs
         self.root = root.rstrip("/")
-        protocol = fs.protocol if isinstance(fs.protocol, str) else fs.protocol[0]
+        self.retry = retry if retry is not None else RetryPolicy()
+        protocol = _protocol(fs)
         self.url = f"{protocol}://{self.root.lstrip('/')}" if protocol != "file" else self.root
+        self.protocol = _protocol(_innermost(fs))
+        self.atomic_create = self.protocol in ATOMIC_CREATE_PROTOCOLS
 
     def _path(self, path: str) -> str:
         return f"{self.root}/{path}"
 
+    def _call(self, op: str, path: str, fn: Callable[[], T], *, write: bool = False) -> T:
+        """``fn()``, with transient failures retried and the rest translated."""
+        for attempt in itertools.count(1):
+            try:
+                return fn()
+            except Exception as exc:
+                kind = _classify(exc)
+                if kind == "transient" and attempt < self.retry.attempts:
+                    log.debug("retry %d of %s %s after %r", attempt, op, self.join(path), exc)
+                    time.sleep(self.retry.backoff(attempt))
+                    continue
+                if kind is None or kind == "exists":
+                    raise
+                if kind == "missing" and (write or _no_such_bucket(exc)):
+                    kind = "bucket" if self.protocol in _OBJECT_STORES else "location"
+                elif kind == "missing":
+                    if isinstance(exc, FileNotFoundError):
+                        raise
+                    raise FileNotFoundError(errno.ENOENT, str(exc), self.join(path)) from exc
+                raise self._error(op, path, exc, kind, attempt) from exc
+        raise AssertionError("unreachable: the loop returns or raises")
+
+    def _error(self, op: str, path: str, exc: BaseException, kind: str, tries: int) -> StoreError:
+        detail = (exc.strerror if isinstance(exc, OSError) else None) or str(exc).strip()
+        detail = detail.splitlines()[0] if detail else type(exc).__name__
+        detail = "not found" if kind in ("bucket", "location") else detail  # gcsfs: a bare URL
+        hint = _KIND_HINTS[kind]
+        if kind == "permanent" and isinstance(exc, OSError):
+            hint = _HINTS.get(exc.errno or 0, hint)
+        if kind == "transient":
+            hint = f"gave up after {tries} tries; {hint}"
+        err = StoreError(f"cannot {op} {self.join(path)}: {detail}; {hint}")
+        err.errno = getattr(exc, "errno", None) or _KIND_ERRNOS.get(kind)
+        return err
+
+    def _forget(self, target: str) -> None:
+        self.fs.invalidate_cache(target)  # another process may have written since
+
+    # -- reads ---------------------------------------------------------------------------------
+
     def read_bytes(self, path: str) -> bytes:
-        with _translated("read", self.join(path)):
-            data: bytes = self.fs.cat_file(self._path(path))
-            return data
+        target = self._path(path)
+        data = self._call("read", path, lambda: self.fs.cat_file(target))
+        return bytes(data)
 
     def read_range(self, path: str, start: int, length: int) -> Any:
-        with _translated("read", self.join(path)):
-            return self.fs.cat_file(self._path(path), start=start, end=start + length)
+        if length <= 0:
+            return b""  # no request (S3 refuses an empty range)
+        target = self._path(path)
 
-    def open_write(self, path: str) -> IO[bytes]:
-        with _translated("create", self.join(path)):
-            parent = self._path(path).rsplit("/", 1)[0]
-            self.fs.makedirs(parent, exist_ok=True)
-            handle: IO[bytes] = self.fs.open(self._path(path), "wb")
-            return handle
+        def fetch() -> Any:
+            try:  # one request; keywords, since s3fs' third positional parameter is version_id
+                return self.fs.cat_file(target, start=start, end=start + length)
+            except Exception as exc:  # a range past the end is empty, as a local slice is
+                names = {f"{k.__module__}.{k.__qualname__}" for k in type(exc).__mro__}
+                s3_416 = isinstance(exc, OSError) and exc.errno == errno.EINVAL
+                if _http_status(exc, names) == 416 or (s3_416 and "range" in str(exc).lower()):
+                    return b""
+                raise
 
-    def create_if_absent(self, path: str, data: bytes) -> bool:
-        # fsspec's generic mode="create" is exists() then write; the lock makes it atomic among
-        # this process's threads (enough for the memory filesystem). Across processes it is only
-        # as atomic as the backend's create (see docs/guide.md, "Backends").
-        with _translated("commit", self.join(path)), _CREATE_LOCK:
-            parent = self._path(path).rsplit("/", 1)[0]
-            self.fs.makedirs(parent, exist_ok=True)
-            try:
-                self.fs.pipe_file(self._path(path), data, mode="create")
-            except FileExistsError:
-                return False
-            return True
+        return self._call("read", path, fetch)
 
     def exists(self, path: str) -> bool:
-        with _translated("stat", self.join(path)):
-            return bool(self.fs.exists(self._path(path)))
+        return self._info(path) is not None
 
     def is_dir(self, path: str) -> bool:
-        with _translated("stat", self.join(path)):
-            return bool(self.fs.isdir(self._path(path)))
+        return (self._info(path) or {}).get("type") == "directory"
+
+    def _info(self, path: str) -> dict[str, Any] | None:
+        # Not fs.exists or fs.isdir: they turn every error (a timeout, a 403) into False.
+        target = self._path(path)
+        self._forget(target)
+        with contextlib.suppress(FileNotFoundError):
+            return dict(self._call("stat", path, lambda: self.fs.info(target)))
+        return None
 
     def list_dir(self, path: str) -> list[str]:
-        with _translated("list", self.join(path)):
-            try:
-                entries = self.fs.ls(self._path(path), detail=False)
-            except (FileNotFoundError, NotADirectoryError):
-                return []
+        target = self._path(path)
+        self._forget(target)
+        try:
+            entries = self._call("list", path, lambda: self.fs.ls(target, detail=False))
+        except (FileNotFoundError, NotADirectoryError):
+            return []
         names = sorted({str(e).rstrip("/").rsplit("/", 1)[-1] for e in entries})
         return [n for n in names if n]
 
     def size(self, path: str) -> int:
-        with _translated("stat", self.join(path)):
-            return int(self.fs.size(self._path(path)))
+        target = self._path(path)
+        return int(self._call("stat", path, lambda: self.fs.size(target)))
+
+    # -- writes --------------------------------------------------------------------------------
+
+    def open_write(self, path: str) -> IO[bytes]:
+        self._warn_if_unsafe()  # now, not when the first shard is closed
+        return _SpooledUpload(self, path)  # type: ignore[return-value]
+
+    def write_bytes(self, path: str, data: bytes) -> None:
+        self._upload(path, bytes(data))
+
+    def _upload(self, path: str, source: bytes | IO[bytes]) -> None:
+        """One whole upload, retried: of ``source``, bytes or a spooled file."""
+        target = self._path(path)
+        self._warn_if_unsafe()
+        self._makedirs(path)
+        if isinstance(source, bytes):
+            self._call("write", path, lambda: self.fs.pipe_file(target, source), write=True)
+            return
+        # The driver opens the spool by name: /dev/fd/N reopens the unnamed file (POSIX).
+        name = f"/dev/fd/{source.fileno()}" if os.path.isdir("/dev/fd") else source.name
+
+        def put() -> None:
+            source.seek(0)  # on macOS, /dev/fd/N shares this file's offset
+            self.fs.put_file(name, target)
+
+        self._call("write", path, put, write=True)
+
+    def _makedirs(self, path: str) -> None:
+        if self.protocol not in _OBJECT_STORES:
+            parent = self._path(path).rsplit("/", 1)[0]
+            self._call("create", path, lambda: self.fs.makedirs(parent, exist_ok=True), write=True)
+
+    def create_if_absent(self, path: str, data: bytes) -> bool:
+        data = bytes(data)
+        target = self._path(path)
+        self._warn_if_unsafe()
+        self._makedirs(path)
+        for _ in range(self.retry.attempts):
+            with contextlib.suppress(FileExistsError):
+                self._call("commit", path, lambda: self._create(target, data), write=True)
+                return True
+            try:
+                existing = self._call("read", path, lambda: self.fs.cat_file(target))
+            except FileNotFoundError:
+                continue  # removed since (snapstore rm): try again
+            # A create whose response was lost and that was tried again (here or inside the
+            # driver) finds its own file: it is ours if it holds our bytes. Records name their
+            # writer (a run, a claim's owner), so no other writer's record is equal.
+            return bytes(existing) == data
+        raise StoreError(f"cannot commit {self.join(path)}: it vanished each time it was found "
+                         "to exist; check what else removes files in this store")  # fmt: skip
+
+    def _create(self, target: str, data: bytes) -> None:
+        if self.protocol in ("file", "local"):
+            # fsspec's local pipe_file checks, then writes; "xb" is open(O_CREAT | O_EXCL).
+            file = self.fs.open(target, "xb")
+            try:
+                with file:
+                    file.write(data)
+            except BaseException:
+                with contextlib.suppress(OSError):
+                    self.fs.rm_file(target)  # no partial record
+                raise
+        elif self.protocol in _OBJECT_STORES:
+            self.fs.pipe_file(target, data, mode="create")  # the service refuses a second one
+        else:
+            # memory: one process, where the lock makes its check-then-write atomic. Others
+            # (HDFS): atomic among this process's threads only; _warn_if_unsafe said so.
+            with _CREATE_LOCK:
+                self.fs.pipe_file(target, data, mode="create")
+
+    def _warn_if_unsafe(self) -> None:
+        if self.atomic_create or self.protocol in _WARNED:
+            return
+        _WARNED.add(self.protocol)  # two threads racing here may both warn: harmless
+        log.warning(
+            "snapstore: %s has no atomic create-if-absent, so concurrent writers of one "
+            "fingerprint under %s are unsafe (more than one may believe it committed). Run "
+            "one writer per fingerprint; see 'Backends' in the snapstore guide.",
+            self.protocol, self.url,
+        )  # fmt: skip
 
     def remove_tree(self, path: str) -> None:
-        with _translated("remove", self.join(path)):
-            if self.fs.exists(self._path(path)):
-                self.fs.rm(self._path(path), recursive=True)
+        target = self._path(path)
+        self._forget(target)
+
+        def remove() -> None:
+            with contextlib.suppress(FileNotFoundError):  # gone (a retry of a removal that ended)
+                self.fs.rm(target, recursive=True)
+
+        self._call("remove", path, remove)
+        self._forget(target)
 
 
 def default_root() -> str:
@@ -369,21 +725,76 @@ def default_root() -> str:
     return str(base / "snapstore")
 
 
-def open_store(root: str | os.PathLike[str] | Store | None = None, **storage_options: Any) -> Store:
-    """The store for a root: a Store passes through, a local path or ``file://`` URL gives a
-    LocalStore, any other URL an FsspecStore; None means :func:`default_root`."""
+_EXTRAS = {"gs": "gcs", "gcs": "gcs", "s3": "s3", "s3a": "s3"}
+
+
+def _gcs_endpoint(storage_options: dict[str, Any]) -> bool:
+    emulator = os.environ.get("STORAGE_EMULATOR_HOST", "")
+    return "endpoint_url" in storage_options or emulator not in ("", "default")
+
+
+def open_store(
+    root: str | os.PathLike[str] | Store | None = None,
+    *,
+    retry: RetryPolicy | None = None,
+    **storage_options: Any,
+) -> Store:
+    """The store for a root.
+
+    Parameters
+    ----------
+    root : str, PathLike, Store or None
+        A Store passes through. A local path or ``file://`` URL gives a :class:`LocalStore`;
+        any other fsspec URL (``gs://bucket/prefix``, ``s3://...``, ``memory://...``,
+        ``webhdfs://...``) an :class:`FsspecStore`. None means :func:`default_root`.
+    retry : RetryPolicy, optional
+        How an FsspecStore retries transient failures; ignored for local roots, which do not
+        retry.
+    **storage_options
+        Passed to the fsspec filesystem (``endpoint_url=``, ``token=``, ``key=``...), or to
+        :class:`LocalStore` for a local root (``fsync=``).
+
+    Raises
+    ------
+    StoreError
+        If the protocol's fsspec driver is not installed, or the URL or options are invalid.
+
+    Notes
+    -----
+    ``gs://`` with an ``endpoint_url`` (or ``$STORAGE_EMULATOR_HOST``) gets
+    ``gcsfs.core.GCSFileSystem``, not gcsfs' default extended class: that class first asks the
+    endpoint over gRPC for the bucket's layout, which an emulator or a plain HTTP endpoint never
+    answers (every operation waited about 60 s). Without an endpoint the extended class (zonal
+    and hierarchical buckets) is kept. No environment variable is ever set.
+    """
     if isinstance(root, Store):
         return root
     text = os.fspath(root) if root is not None else default_root()
     if "://" not in text or text.startswith("file://"):
         return LocalStore(text.removeprefix("file://"), **storage_options)
-    import fsspec
-
+    protocol = text.split("://", 1)[0]
     try:
-        fs, path = fsspec.core.url_to_fs(text, **storage_options)
-    except (ImportError, ValueError, OSError) as exc:
+        if protocol in ("gs", "gcs") and _gcs_endpoint(storage_options):
+            import gcsfs.core  # type: ignore[import-untyped]
+
+            fs: Any = gcsfs.core.GCSFileSystem(**storage_options)
+            path = fs._strip_protocol(text)
+        else:
+            import fsspec
+
+            fs, path = fsspec.core.url_to_fs(text, **storage_options)
+    except ImportError as exc:
+        extra = _EXTRAS.get(protocol)
+        install = (
+            f"pip install 'snapstore[{extra}]'"
+            if extra
+            else f"install the fsspec driver for {protocol}://"
+        )
+        raise StoreError(f"cannot open store {text!r}: {exc}; {install}") from exc
+    except (ValueError, TypeError, OSError) as exc:
         raise StoreError(
-            f"cannot open store {text!r}: {exc}. Install the extra for its protocol, e.g. "
-            "pip install 'snapstore[gcs]' or 'snapstore[s3]'."
+            f"cannot open store {text!r}: {exc}; check the URL and the storage options"
         ) from exc
-    return FsspecStore(fs, path)
+    store = FsspecStore(fs, path, retry=retry)
+    store.url = text.rstrip("/")  # as given, host included (webhdfs://namenode:9870/snaps)
+    return store

@@ -6,6 +6,9 @@ from collections.abc import Iterator
 import fsspec
 import pytest
 
+# Session-scoped emulators (fake-gcs-server, moto) started by the tests: see tests/servers.py.
+from servers import Server, gcs_server, s3_server  # noqa: F401 - fixtures for every test
+
 from snapstore.store import FsspecStore, LocalStore, Store
 
 
@@ -26,3 +29,36 @@ def local_root(tmp_path, monkeypatch) -> str:
     root = str(tmp_path / "root")
     monkeypatch.setenv("SNAPSTORE_ROOT", root)
     return root
+
+
+def _server(request: pytest.FixtureRequest, kind: str) -> Server:
+    server: Server = request.getfixturevalue(f"{kind}_server")
+    return server
+
+
+@pytest.fixture
+def gcs_root(request: pytest.FixtureRequest) -> tuple[str, dict[str, object]]:
+    """``(url, storage_options)`` of a fresh prefix on the GCS emulator, for
+    ``snapstore.open_store(url, **storage_options)`` here or in a subprocess (pass both to it,
+    e.g. JSON-encoded; see tests/servers.py)."""
+    return _server(request, "gcs").root()
+
+
+@pytest.fixture
+def s3_root(request: pytest.FixtureRequest) -> tuple[str, dict[str, object]]:
+    """``(url, storage_options)`` of a fresh prefix on the S3 server (moto)."""
+    return _server(request, "s3").root()
+
+
+@pytest.fixture(params=["gcs", "s3"])
+def remote_root(request: pytest.FixtureRequest) -> tuple[str, dict[str, object]]:
+    """``(url, storage_options)`` of a fresh prefix on each object store emulator."""
+    return _server(request, request.param).root()
+
+
+@pytest.fixture(params=["gcs", "s3"])
+def remote_store(request: pytest.FixtureRequest) -> Iterator[FsspecStore]:
+    """An FsspecStore on a fresh prefix of each object store emulator (GCS, S3)."""
+    s = _server(request, request.param).store()
+    yield s
+    s.close()
