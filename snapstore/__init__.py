@@ -29,7 +29,7 @@ from .inputs import InputError, Inputs, files
 from .prefetch import ReadStats
 from .schema import Field, Schema
 from .snapshot import Snapshot, Stage, open, snapshot
-from .store import FsspecStore, LocalStore, Store, default_root, open_store
+from .store import FsspecStore, LocalStore, RetryPolicy, Store, default_root, open_store
 from .writer import WriteOptions
 
 __version__ = "0.1.0"
@@ -47,6 +47,7 @@ __all__ = [
     "FsspecStore",
     "ReadStats",
     "ResumeError",
+    "RetryPolicy",
     "InputError",
     "Inputs",
     "LocalStore",

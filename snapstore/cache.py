@@ -479,6 +479,7 @@ class CachedStore(Store):
         self.inner = inner
         self.cache = cache
         self.url = inner.url
+        self.atomic_create = inner.atomic_create  # commits go to the inner store
         self._counter_lock = threading.Lock()
         self.reset_counters()
 

@@ -12,7 +12,8 @@ create-if-absent works, object stores included):
   owner id, host, pid, lease seconds and creation time. The highest generation is the claim.
 - ``beat-<g>-<k>``: the owner's ``k``-th heartbeat for generation ``g`` (JSON with the wall time),
   written every ``lease / 4`` seconds; the previous one is then deleted.
-- ``released-<g>``: the owner gave generation ``g`` up (it committed, or its stage failed).
+- ``released-<g>``: the owner gave generation ``g`` up (it committed, or its stage failed);
+  JSON with the owner id and the wall time.
 
 A claim is **live** unless it was released or it has **expired**: its newest heartbeat (or the
 claim itself, before the first beat) is older than the lease by the observer's wall clock, or
@@ -212,7 +213,8 @@ class Claim:
             self._thread.join()
         try:
             self.store.create_if_absent(
-                _path(self.fingerprint, f"released-{self.generation:08d}"), b"{}"
+                _path(self.fingerprint, f"released-{self.generation:08d}"),
+                json.dumps({"owner": self.owner, "time": self._clock.time()}).encode(),
             )
         except Exception:  # the lease expires anyway
             log.warning("could not release the claim on %s", self.fingerprint, exc_info=True)

@@ -663,15 +663,18 @@ def resolve_fingerprint(store: Store, prefix: str, *, committed_only: bool = Tru
     return matches[0]
 
 
-def open(fingerprint: str, root: Root = None) -> Snapshot:
+def open(fingerprint: str, root: Root = None, **storage_options: Any) -> Snapshot:
     """A committed snapshot by its fingerprint (or a unique prefix of it).
+
+    ``storage_options`` go to :func:`snapstore.open_store` with ``root`` (e.g.
+    ``endpoint_url=``, ``token=`` for ``gs://``).
 
     Raises
     ------
     SnapshotNotFoundError
         If no committed snapshot matches.
     """
-    store = open_store(root)
+    store = open_store(root, **storage_options)
     full = resolve_fingerprint(store, fingerprint)
     load_manifest(store, full)  # validate now, so a broken snapshot fails here
     return Snapshot(store, full)
