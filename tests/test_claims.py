@@ -222,8 +222,10 @@ import hashlib, json, sys, time
 import snapstore
 
 root, log, start = sys.argv[1], sys.argv[2], float(sys.argv[3])
+options = json.loads(sys.argv[4])
+store = snapstore.open_store(root, **options)
 
-@snapstore.snapshot(root=root, lease=5.0)
+@snapstore.snapshot(root=store, lease=5.0)
 def stage(n):
     with open(log, "a") as f:
         f.write("ran\\n")
@@ -239,13 +241,21 @@ print(json.dumps({"fingerprint": snap.fingerprint, "digest": digest, "n": len(sn
 """
 
 
-def test_a_sweep_of_six_processes_computes_once(tmp_path: Path) -> None:
+@pytest.mark.parametrize("backend", ["local", "gcs"])
+def test_a_sweep_of_six_processes_computes_once(
+    tmp_path: Path, backend: str, request: pytest.FixtureRequest
+) -> None:
     script = tmp_path / "sweep.py"
     script.write_text(textwrap.dedent(SWEEP))
-    log, root = tmp_path / "log", tmp_path / "root"
-    start = time.time() + 1.5
+    log = tmp_path / "log"
+    if backend == "gcs":
+        root, options = request.getfixturevalue("gcs_root")
+    else:
+        root, options = str(tmp_path / "root"), {}
+    start = time.time() + (3.0 if backend == "gcs" else 1.5)
+    args = [str(script), root, str(log), str(start), json.dumps(options)]
     procs = [
-        subprocess.Popen([sys.executable, str(script), str(root), str(log), str(start)],
+        subprocess.Popen([sys.executable, *args],
                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         for _ in range(6)
     ]  # fmt: skip
@@ -258,7 +268,8 @@ def test_a_sweep_of_six_processes_computes_once(tmp_path: Path) -> None:
     assert len({json.dumps(r, sort_keys=True) for r in results}) == 1
     assert results[0]["n"] == 400
     # No attempt was left behind; only the released claims remain for gc.
-    assert [g.kind for g in find_garbage(LocalStore(root), min_age=0)] == ["claims"]
+    store = snapstore.open_store(root, **options)
+    assert [g.kind for g in find_garbage(store, min_age=0)] == ["claims"]
 
 
 # --- garbage -----------------------------------------------------------------------------------

@@ -55,8 +55,9 @@ import json, os, sys, time
 import numpy as np, snapstore
 
 root, log = sys.argv[1], sys.argv[2]
+store = snapstore.open_store(root, **json.loads(sys.argv[3]))
 
-@snapstore.snapshot(root=root, partition_by="items", lease=5.0)
+@snapstore.snapshot(root=store, partition_by="items", lease=5.0)
 def stage(items):
     for item in items:
         with open(log, "a") as f:
@@ -73,10 +74,17 @@ print(json.dumps({"fingerprint": snap.fingerprint, "n": len(snap),
 """
 
 
-def run(script: Path, root: Path, log: Path, fail_at: int = -1, **env: str):
+def run(
+    script: Path,
+    root: Path | str,
+    log: Path,
+    fail_at: int = -1,
+    options: dict | None = None,
+    **env: str,
+):
     env["FAIL_AT"] = str(fail_at)
     return subprocess.Popen(
-        [sys.executable, str(script), str(root), str(log)],
+        [sys.executable, str(script), str(root), str(log), json.dumps(options or {})],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
@@ -125,9 +133,16 @@ def test_a_killed_writer_resumes_where_it_stopped(flaky: Path, tmp_path: Path) -
     assert redone[0] == before[-1] and redone == list(range(before[-1], 8))
 
 
-def test_six_processes_share_the_partitions(flaky: Path, tmp_path: Path) -> None:
-    root, log = tmp_path / "root", tmp_path / "log"
-    procs = [run(flaky, root, log, SLOW="0.2") for _ in range(6)]
+@pytest.mark.parametrize("backend", ["local", "gcs"])
+def test_six_processes_share_the_partitions(
+    flaky: Path, tmp_path: Path, backend: str, request: pytest.FixtureRequest
+) -> None:
+    log = tmp_path / "log"
+    if backend == "gcs":
+        root, options = request.getfixturevalue("gcs_root")
+    else:
+        root, options = str(tmp_path / "root"), {}
+    procs = [run(flaky, root, log, options=options, SLOW="0.2") for _ in range(6)]
     results = []
     for proc in procs:
         out, err = proc.communicate(timeout=120)
