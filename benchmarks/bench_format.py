@@ -285,12 +285,17 @@ CHILDREN = {
 
 
 def run_child(name: str, **kwargs: Any) -> dict[str, Any]:
+    return run_script_child(__file__, name, **kwargs)
+
+
+def run_script_child(script: str, name: str, **kwargs: Any) -> dict[str, Any]:
+    """Run ``script --child name kwargs`` in a fresh interpreter; its last stdout line (JSON)."""
     env = {
         **os.environ,
         "PYTHONPATH": f"{HERE.parent}{os.pathsep}{os.environ.get('PYTHONPATH', '')}",
     }
     out = subprocess.run(
-        [sys.executable, __file__, "--child", name, json.dumps(kwargs)],
+        [sys.executable, script, "--child", name, json.dumps(kwargs)],
         capture_output=True,
         text=True,
         env=env,

@@ -31,16 +31,22 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import shutil
-import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
-from bench_format import BATCH, SIZES, WORKLOADS, PeakAnon, _warm, mb, print_rows
+from bench_format import (
+    BATCH,
+    SIZES,
+    WORKLOADS,
+    PeakAnon,
+    _warm,
+    mb,
+    print_rows,
+    run_script_child,
+)
 
 HERE = Path(__file__).resolve().parent
 STEP = 0.005  # the training-step stand-in: seconds the consumer sleeps per batch
@@ -108,19 +114,7 @@ CHILDREN = {"write": child_write, "read": child_read}
 
 
 def run_child(name: str, **kwargs: Any) -> dict[str, Any]:
-    env = {
-        **os.environ,
-        "PYTHONPATH": f"{HERE.parent}{os.pathsep}{os.environ.get('PYTHONPATH', '')}",
-    }
-    out = subprocess.run(
-        [sys.executable, __file__, "--child", name, json.dumps(kwargs)],
-        capture_output=True,
-        text=True,
-        env=env,
-    )
-    if out.returncode != 0:
-        raise RuntimeError(f"child {name} failed:\n{out.stderr}")
-    return json.loads(out.stdout.strip().splitlines()[-1])
+    return run_script_child(__file__, name, **kwargs)
 
 
 # -- orchestration ---------------------------------------------------------------------------

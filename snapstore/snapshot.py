@@ -359,15 +359,7 @@ class Stage:
                 break
             if snap.committed:
                 return
-            if self.on_busy == "error":
-                raise BusyError(
-                    f"snapshot {snap.fingerprint} of {self.name} is being computed by "
-                    f"{state.describe()} under {snap.store.url}; wait for it (on_busy='wait'), "
-                    "compute without storing (on_busy='pass'), or try again later"
-                )
-            if self.on_busy == "pass":
-                log.info("snapstore: %s is busy; computing without storing", snap.fingerprint)
-                self._pass_through(snap, progress)
+            if self._busy(snap, progress, f"snapshot {snap.fingerprint} of {self.name}", state):
                 return
             if not announced:
                 log.info(
@@ -431,14 +423,7 @@ class Stage:
                     store, where, lease=self.lease, clock=self.clock, watched=watched[p]
                 )
                 if claim is None:
-                    if self.on_busy == "error":
-                        raise BusyError(
-                            f"partition {p} of {self.name} ({fp}) is being computed by "
-                            f"{state.describe()} under {store.url}; use on_busy='wait' to "
-                            "share the work, or 'pass' to compute without storing"
-                        )
-                    if self.on_busy == "pass":
-                        self._pass_through(snap, progress)
+                    if self._busy(snap, progress, f"partition {p} of {self.name} ({fp})", state):
                         return
                     continue
                 with claim:
@@ -483,6 +468,26 @@ class Stage:
             "fingerprint_details": fp.details if fp else {},
             "version": self.version,
         }
+
+    def _busy(
+        self,
+        snap: Snapshot,
+        progress: ProgressCallback | None,
+        what: str,
+        state: claims.ClaimState,
+    ) -> bool:
+        """Another job holds ``what``: raise, or compute privately (True), or wait (False)."""
+        if self.on_busy == "error":
+            raise BusyError(
+                f"{what} is being computed by {state.describe()} under {snap.store.url}; wait "
+                "for it or share the work (on_busy='wait'), compute without storing "
+                "(on_busy='pass'), or try again later"
+            )
+        if self.on_busy == "pass":
+            log.info("snapstore: %s is busy; computing without storing", snap.fingerprint)
+            self._pass_through(snap, progress)
+            return True
+        return False
 
     def _pass_through(self, snap: Snapshot, progress: ProgressCallback | None) -> None:
         """Compute into a private temporary store that ``snap`` then reads (removed with it)."""
