@@ -16,41 +16,10 @@ import click
 from snapstore.catalog import describe, diff_snapshots, list_snapshots, remove_snapshot
 from snapstore.errors import SnapstoreError
 from snapstore.snapshot import resolve_fingerprint
-from snapstore.store import Store, default_root, open_store
+
+from .common import Context, human_bytes, table
 
 __all__ = ["main"]
-
-
-def human_bytes(n: float | None) -> str:
-    """1536 -> '1.5 KiB'."""
-    if n is None:
-        return "-"
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if abs(n) < 1024 or unit == "TiB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-    return f"{n:.1f} PiB"
-
-
-def table(rows: list[list[str]], header: list[str]) -> str:
-    """Left-aligned columns separated by two spaces."""
-    widths = [max(len(str(r[i])) for r in [header, *rows]) for i in range(len(header))]
-    lines = [
-        "  ".join(str(c).ljust(w) for c, w in zip(row, widths)).rstrip() for row in [header, *rows]
-    ]
-    return "\n".join(lines)
-
-
-class Context:
-    def __init__(self, root: str | None) -> None:
-        self.root = root or default_root()
-        self._store: Store | None = None
-
-    @property
-    def store(self) -> Store:
-        if self._store is None:
-            self._store = open_store(self.root)
-        return self._store
 
 
 class _Group(click.Group):
@@ -182,6 +151,17 @@ def rm_command(obj: Context, fingerprints: tuple[str, ...], dry_run: bool) -> No
         click.echo(f"{'would remove' if dry_run else 'removed'} {fp}  {human_bytes(freed)}")
     click.echo(f"{'would free' if dry_run else 'freed'} {human_bytes(total)}")
 
+
+def _register() -> None:
+    """Add the commands that live in their own modules."""
+    from . import copy_cmd, inspect_cmd, verify_cmd
+
+    for module in (verify_cmd, copy_cmd, inspect_cmd):
+        for command in module.COMMANDS:
+            main.add_command(command)
+
+
+_register()
 
 if __name__ == "__main__":
     main()

@@ -1,0 +1,7 @@
+"""``snapstore head``, ``bench`` and ``du``."""
+
+from __future__ import annotations
+
+import click
+
+COMMANDS: list[click.Command] = []
