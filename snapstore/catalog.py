@@ -6,11 +6,14 @@ directories, they start from a commit record.
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 from . import format as fmt
-from .errors import FormatError
+from .claims import inspect_claim
+from .errors import BusyError, FormatError
 from .fingerprint import Fingerprint, diff_parts
+from .pins import last_read, live_pins
 from .reader import load_manifest
 from .store import Store
 
@@ -27,13 +30,25 @@ __all__ = [
 def describe(store: Store, fingerprint: str) -> dict[str, Any]:
     """A JSON-able summary of one fingerprint's directory, committed or not.
 
-    ``state`` is ``committed``, ``incomplete`` (runs without a commit: being written, or left by
-    a crash) or ``corrupt`` (a commit record whose manifest does not validate; ``error`` says why).
+    ``state`` is ``committed``, ``writing`` (not committed, and a job holds a live claim on it:
+    ``writer`` names it), ``incomplete`` (runs without a commit and no live claim: left by a
+    crash) or ``corrupt`` (a commit record whose manifest does not validate; ``error`` says why).
+    ``last_read`` is when a reader last opened it (to the hour, or None) and ``readers`` how
+    many hold it open now (live pins).
     """
     runs = store.list_dir(f"{fingerprint}/runs")
-    info: dict[str, Any] = {"fingerprint": fingerprint, "runs": len(runs)}
+    info: dict[str, Any] = {
+        "fingerprint": fingerprint,
+        "runs": len(runs),
+        "last_read": last_read(store, fingerprint),
+        "readers": len(live_pins(store, fingerprint)),
+    }
     if not store.exists(f"{fingerprint}/{fmt.COMMIT_NAME}"):
-        info.update(state="incomplete", bytes=store.disk_usage(fingerprint))
+        claim = inspect_claim(store, fingerprint)
+        state = "incomplete" if claim.expired(time.time()) else "writing"
+        info.update(state=state, bytes=store.disk_usage(fingerprint))
+        if state == "writing":
+            info["writer"] = claim.describe()
         return info
     try:
         manifest = load_manifest(store, fingerprint)
@@ -70,18 +85,42 @@ def list_snapshots(store: Store) -> list[dict[str, Any]]:
     return [describe(store, name) for name in list_fingerprints(store, committed_only=False)]
 
 
-def remove_snapshot(store: Store, fingerprint: str) -> int:
+def remove_snapshot(store: Store, fingerprint: str, *, respect_pins: bool = True) -> int:
     """Remove a snapshot; returns the bytes freed.
 
     The commit record goes first, so the snapshot stops being visible in one step and a crash
     half-way leaves only unreferenced garbage, never a committed snapshot with missing shards.
+    With ``respect_pins`` (the default) a snapshot that a reader has open is kept: live pins are
+    checked before, and again after, the commit record is deleted; a reader that pinned in
+    between gets the record back (see :mod:`snapstore.pins`).
+
+    Raises
+    ------
+    BusyError
+        If a reader holds a live pin on the snapshot.
     """
     freed = store.disk_usage(fingerprint)
     commit = f"{fingerprint}/{fmt.COMMIT_NAME}"
-    if store.exists(commit):
+    if respect_pins:
+        _refuse_if_pinned(store, fingerprint)
+    record = store.read_bytes(commit) if store.exists(commit) else None
+    if record is not None:
         store.remove_tree(commit)
+        if respect_pins and live_pins(store, fingerprint):
+            store.create_if_absent(commit, record)  # a reader started meanwhile: keep it
+            _refuse_if_pinned(store, fingerprint)
     store.remove_tree(fingerprint)
     return freed
+
+
+def _refuse_if_pinned(store: Store, fingerprint: str) -> None:
+    pinned = live_pins(store, fingerprint)
+    if pinned:
+        raise BusyError(
+            f"snapshot {fingerprint} under {store.url} is in use by {pinned[0].describe()}"
+            + (f" and {len(pinned) - 1} more" if len(pinned) > 1 else "")
+            + "; it was not removed. Retry once they finish, or remove it with --force."
+        )
 
 
 def stored_fingerprint(store: Store, fingerprint: str) -> Fingerprint:

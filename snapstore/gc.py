@@ -28,6 +28,7 @@ from . import format as fmt
 from .claims import CLAIMS_DIR, inspect_claim
 from .errors import FormatError
 from .partitions import PARTS_DIR
+from .pins import PIN_NAME, PINS_DIR, live_pins
 from .store import Store
 
 __all__ = ["Garbage", "collect_garbage", "find_garbage"]
@@ -110,13 +111,21 @@ def _fingerprint_garbage(store: Store, fp: str, min_age: float, now: float) -> l
         )
         path = f"{fp}/runs/{run}"
         found.append(Garbage(path, "run", why, store.disk_usage(path)))
+    pinned = store.list_dir(f"{fp}/{PINS_DIR}")
+    readers = {p.owner for p in live_pins(store, fp, now)} if pinned else set()
+    for name in pinned:
+        match = PIN_NAME.fullmatch(name)
+        if match and match.group(1) not in readers:
+            path = f"{fp}/{PINS_DIR}/{name}"
+            found.append(Garbage(path, "pin", "the pin of a reader that is gone", 0))
     claims = store.list_dir(f"{fp}/{CLAIMS_DIR}")
     if claims and not (live and committed_run is None):
         why = "claims of a committed snapshot" if committed_run else "an expired claim"
         path = f"{fp}/{CLAIMS_DIR}"
         found.append(Garbage(path, "claims", why, store.disk_usage(path)))
     removed = {g.path for g in found}
-    left = [n for n in store.list_dir(fp) if n not in ("runs", CLAIMS_DIR)]
+    left = [n for n in store.list_dir(fp) if n not in ("runs", CLAIMS_DIR, PINS_DIR)]
+    left += [PINS_DIR] if pinned else []
     left += [f"runs/{r}" for r in runs if f"{fp}/runs/{r}" not in removed]
     left += [CLAIMS_DIR] if claims and f"{fp}/{CLAIMS_DIR}" not in removed else []
     if not left and committed_run is None:

@@ -18,7 +18,7 @@ import weakref
 from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
 from typing import Any, TypeVar, overload
 
-from . import claims
+from . import claims, pins
 from . import format as fmt
 from .batches import BatchReader
 from .catalog import previous_of_stage, stored_fingerprint
@@ -70,6 +70,7 @@ class Snapshot:
         self._kwargs = dict(kwargs or {})
         self._reader: SnapshotReader | None = None
         self._batch_readers: weakref.WeakSet[BatchReader] = weakref.WeakSet()
+        self._pin: pins.Pin | None = None
         self.miss_explanation: dict[str, Any] | None = None
         """Set when materializing had to compute: the most recent committed snapshot of the same
         stage (``"previous"``) and why this fingerprint differs from it (``"differences"``)."""
@@ -131,6 +132,8 @@ class Snapshot:
     def _open(self) -> SnapshotReader:
         if self._reader is None:
             self.materialize()
+            # Pin before reading the commit record: cleaning never removes it under us.
+            self._pin = self._pin or pins.pin(self.store, self.fingerprint)
             self._reader = SnapshotReader(self.store, self.fingerprint)
         return self._reader
 
@@ -247,6 +250,9 @@ class Snapshot:
         if self._reader is not None:
             self._reader.close()
             self._reader = None
+        if self._pin is not None:
+            self._pin.release()
+            self._pin = None
         self.store.close()
 
     def __enter__(self) -> Snapshot:

@@ -131,11 +131,14 @@ class Store(ABC):
             f.write(data)
 
     def disk_usage(self, path: str) -> int:
-        """Total bytes of the files under ``path``."""
+        """Total bytes of the files under ``path`` (files removed meanwhile count 0)."""
         total = 0
         for name in self.list_dir(path):
             child = f"{path}/{name}"
-            total += self.disk_usage(child) if self.is_dir(child) else self.size(child)
+            try:
+                total += self.disk_usage(child) if self.is_dir(child) else self.size(child)
+            except FileNotFoundError:
+                continue  # a pin renewed, a run cleaned up: sizes are a snapshot in time
         return total
 
     @abstractmethod

@@ -238,6 +238,7 @@ while time.time() < start:
 snap = stage(400)
 digest = hashlib.sha256(json.dumps([s for s in snap]).encode()).hexdigest()
 print(json.dumps({"fingerprint": snap.fingerprint, "digest": digest, "n": len(snap)}))
+snap.close()  # takes its reader pin down
 """
 
 
