@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import re
+
+import click
+
 from snapstore.store import Store, default_root, open_store
 
-__all__ = ["Context", "human_bytes", "table"]
+__all__ = ["Context", "human_bytes", "parse_duration", "parse_size", "table"]
 
 
 def human_bytes(n: float | None) -> str:
@@ -37,3 +41,40 @@ class Context:
         if self._store is None:
             self._store = open_store(self.root)
         return self._store
+
+
+_SIZE_UNITS = {
+    "": 1, "b": 1, "k": 1000, "kb": 1000, "m": 1000**2, "mb": 1000**2, "g": 1000**3,
+    "gb": 1000**3, "t": 1000**4, "tb": 1000**4, "kib": 1 << 10, "mib": 1 << 20, "gib": 1 << 30,
+    "tib": 1 << 40,
+}  # fmt: skip
+_DURATION_UNITS = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
+
+
+def _split(text: str) -> tuple[float, str]:
+    match = re.fullmatch(r"\s*([0-9]*\.?[0-9]+(?:[eE][+-]?[0-9]+)?)\s*([A-Za-z]*)\s*", text)
+    if not match:
+        raise ValueError(text)
+    return float(match.group(1)), match.group(2).lower()
+
+
+def parse_size(text: str) -> int:
+    """'10GiB' -> 10737418240; '500MB' -> 500000000; '1024' -> 1024 (bytes)."""
+    try:
+        number, unit = _split(text)
+        return int(number * _SIZE_UNITS[unit])
+    except (ValueError, KeyError):
+        raise click.BadParameter(
+            f"expected a size such as 500MB, 10GiB or 1024 (bytes), found {text!r}"
+        ) from None
+
+
+def parse_duration(text: str) -> float:
+    """'7d' -> 604800.0; '12h', '30m', '45s' or plain seconds."""
+    try:
+        number, unit = _split(text)
+        return number * _DURATION_UNITS[unit]
+    except (ValueError, KeyError):
+        raise click.BadParameter(
+            f"expected a duration such as 7d, 12h, 30m or 45s, found {text!r}"
+        ) from None

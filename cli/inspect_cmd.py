@@ -1,7 +1,419 @@
-"""``snapstore head``, ``bench`` and ``du``."""
+"""``snapstore head``, ``bench`` and ``du``: look at samples, time a read, count bytes.
+
+The JSON each prints with ``--json`` is documented in docs/cli.md; its keys are stable.
+"""
 
 from __future__ import annotations
 
-import click
+import json
+import math
+import re
+import time
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
 
-COMMANDS: list[click.Command] = []
+import click
+import numpy as np
+
+import snapstore
+from snapstore.catalog import list_snapshots
+from snapstore.gc import find_garbage
+from snapstore.prefetch import ReadStats
+from snapstore.simulate import simulated_store
+from snapstore.snapshot import resolve_fingerprint
+from snapstore.store import Store
+
+from .common import Context, human_bytes, table
+
+__all__ = ["COMMANDS", "Duration", "Rate", "preview"]
+
+# A preview shows this much of a value: enough to recognise it, one line per field.
+_HEAD_VALUES = 8
+_HEAD_CHARS = 40
+_HEAD_BYTES = 32
+
+
+# -- previews -------------------------------------------------------------------------------
+
+
+def _json_number(x: Any) -> Any:
+    """A JSON-able number: numpy scalars as Python ones, NaN and infinities as None."""
+    if isinstance(x, np.generic):
+        x = x.item()
+    if isinstance(x, complex):
+        return [_json_number(x.real), _json_number(x.imag)]
+    if isinstance(x, float) and not math.isfinite(x):
+        return None
+    return x
+
+
+def _array_preview(a: np.ndarray[Any, Any]) -> dict[str, Any]:
+    flat = a.reshape(-1)
+    # Statistics over finite real values: NaN would hide the range, complex has no order.
+    values = flat[np.isfinite(flat)] if flat.dtype.kind == "f" else flat
+    stats: dict[str, Any] = {"min": None, "max": None, "mean": None}
+    if values.size and values.dtype.kind != "c":
+        stats = {
+            "min": _json_number(values.min()),
+            "max": _json_number(values.max()),
+            "mean": _json_number(float(values.mean())),
+        }
+    head = [_json_number(v) for v in flat[:_HEAD_VALUES].tolist()]
+    return {"dtype": str(a.dtype), "shape": list(a.shape), **stats, "head": head}
+
+
+def preview(value: Any) -> Any:
+    """The ``--json`` preview of one field value (see docs/cli.md, ``snapstore head``).
+
+    Arrays: ``{"dtype", "shape", "min", "max", "mean", "head"}``; ``str`` and ``bytes``:
+    ``{"type", "length", "head"}``; ``int``, ``float`` and ``bool``: the value itself.
+    """
+    if isinstance(value, np.ndarray) or (isinstance(value, np.generic) and value.dtype.kind == "c"):
+        return _array_preview(np.asarray(value))
+    if isinstance(value, str):
+        return {"type": "str", "length": len(value), "head": value[:_HEAD_CHARS]}
+    if isinstance(value, bytes):
+        head = repr(value[:_HEAD_BYTES])[2:-1]  # printable ASCII as is, the rest as \xNN
+        return {"type": "bytes", "length": len(value), "head": head}
+    return _json_number(value)
+
+
+def _format_number(x: Any) -> str:
+    if x is None:
+        return "-"
+    if isinstance(x, float):
+        return f"{x:.4g}"
+    return str(x)
+
+
+def _format_preview(p: Any) -> str:
+    """One line for a preview, as ``head`` prints it."""
+    if isinstance(p, dict) and "dtype" in p:
+        shape = ",".join(str(d) for d in p["shape"])
+        more = ", ..." if math.prod(p["shape"]) > len(p["head"]) else ""
+        head = ", ".join(_format_number(v) for v in p["head"])
+        stats = " ".join(f"{k}={_format_number(p[k])}" for k in ("min", "max", "mean"))
+        return f"{p['dtype']}[{shape}] {stats} [{head}{more}]"
+    if isinstance(p, dict):
+        cut = "..." if p["length"] > len(p["head"]) and p["type"] == "str" else ""
+        cut = "..." if p["type"] == "bytes" and p["length"] > _HEAD_BYTES else cut
+        quote = "b'" if p["type"] == "bytes" else "'"
+        unit = "chars" if p["type"] == "str" else "bytes"
+        return f"{quote}{p['head']}'{cut} ({p['length']} {unit})"
+    return "-" if p is None else str(p)
+
+
+@click.command("head")
+@click.argument("fingerprint")
+@click.option(
+    "-n",
+    "count",
+    type=click.IntRange(min=0),
+    default=5,
+    show_default=True,
+    help="How many samples, from the first in written order.",
+)
+@click.option(
+    "--field",
+    "fields",
+    multiple=True,
+    metavar="NAME",
+    help="Show only this field (repeat for several).",
+)
+@click.option("--json", "as_json", is_flag=True, help="Print JSON instead of text.")
+@click.pass_obj
+def head_command(
+    obj: Context, fingerprint: str, count: int, fields: tuple[str, ...], as_json: bool
+) -> None:
+    """Show the first samples of a snapshot, one line per field."""
+    with snapstore.open(fingerprint, root=obj.store) as snap:
+        names = snap.schema.names
+        unknown = [f for f in fields if f not in names]
+        if unknown:
+            raise click.UsageError(
+                f"no field {', '.join(map(repr, unknown))} in snapshot {snap.fingerprint}; "
+                f"its fields are: {', '.join(names)}"
+            )
+        shown = list(dict.fromkeys(fields)) or names
+        samples = []
+        for i in range(min(count, len(snap))):
+            sample = snap[i]
+            samples.append({name: preview(sample[name]) for name in shown})
+        total = len(snap)
+    if as_json:
+        click.echo(json.dumps({"fingerprint": snap.fingerprint, "samples": samples}, indent=2))
+        return
+    width = max(len(n) for n in shown)
+    for i, sample in enumerate(samples):
+        click.echo(f"sample {i}")
+        for name, p in sample.items():
+            click.echo(f"  {name:<{width}}  {_format_preview(p)}")
+    click.echo(f"{len(samples)} of {total} sample(s) of {snap.fingerprint}")
+
+
+# -- bench ----------------------------------------------------------------------------------
+
+_NUMBER = r"\s*([0-9]*\.?[0-9]+(?:[eE][-+]?[0-9]+)?)\s*"
+if TYPE_CHECKING:
+    _FloatParam = click.ParamType[float]
+else:  # click < 8.3's ParamType is not generic at run time
+    _FloatParam = click.ParamType
+_SECONDS = {"": 1.0, "s": 1.0, "ms": 1e-3, "us": 1e-6, "µs": 1e-6}
+_BYTES = {"": 1.0, "b": 1.0, "kb": 1e3, "mb": 1e6, "gb": 1e9}
+_BYTES |= {"kib": 2.0**10, "mib": 2.0**20, "gib": 2.0**30}
+
+
+class Duration(_FloatParam):
+    """Seconds from ``50ms``, ``0.05s``, ``50us`` or a plain number of seconds (``0.05``)."""
+
+    name = "duration"
+
+    def convert(
+        self, value: Any, param: click.Parameter | None, ctx: click.Context | None
+    ) -> float:
+        if isinstance(value, float):
+            return value
+        match = re.fullmatch(_NUMBER + r"(s|ms|us|µs)?\s*", str(value))
+        seconds = float(match[1]) * _SECONDS[match[2] or ""] if match else math.inf
+        if not math.isfinite(seconds):
+            self.fail(
+                f"expected a duration such as 50ms, 0.05s or 0.05 (seconds), found {value!r}",
+                param,
+                ctx,
+            )
+        return seconds
+
+
+class Rate(_FloatParam):
+    """Bytes per second from ``200MB/s``, ``1.5GB/s``, ``100MiB/s`` or a number (``200e6``)."""
+
+    name = "rate"
+
+    def convert(
+        self, value: Any, param: click.Parameter | None, ctx: click.Context | None
+    ) -> float:
+        if isinstance(value, float):
+            return value
+        match = re.fullmatch(_NUMBER + r"([kmg]i?b|b)?\s*(?:/s)?\s*", str(value), re.IGNORECASE)
+        rate = float(match[1]) * _BYTES[(match[2] or "").lower()] if match else 0.0
+        if not (rate > 0 and math.isfinite(rate)):
+            self.fail(
+                f"expected a rate > 0 such as 200MB/s, 1.5GB/s, 100MiB/s or 200e6 (bytes per "
+                f"second), found {value!r}",
+                param,
+                ctx,
+            )
+        return rate
+
+
+def _read_epochs(
+    snap: snapstore.Snapshot, epochs: int, **batches: Any
+) -> tuple[list[ReadStats], float, float]:
+    """Read ``epochs`` epochs; the stats of each, the seconds to the first batch, in all."""
+    reader = snap.batches(**batches)
+    per_epoch: list[ReadStats] = []
+    first: float | None = None
+    start = time.perf_counter()
+    try:
+        for epoch in range(epochs):
+            reader.set_epoch(epoch)
+            for _ in reader:
+                if first is None:
+                    first = time.perf_counter() - start
+            per_epoch.append(reader.stats())
+    finally:
+        reader.close()
+    return per_epoch, first if first is not None else math.nan, time.perf_counter() - start
+
+
+def _bench_result(per_epoch: Sequence[ReadStats], first: float, wall: float) -> dict[str, Any]:
+    """The ``results`` object of ``bench --json``: all epochs together."""
+    requests = sum(s.requests for s in per_epoch)
+    samples, nbytes = sum(s.samples for s in per_epoch), sum(s.bytes for s in per_epoch)
+    reader_wall = sum(s.wall for s in per_epoch)
+    timed = [s for s in per_epoch if s.requests and not math.isnan(s.latency_mean)]
+    mean = (
+        sum(s.latency_mean * s.requests for s in timed) / sum(s.requests for s in timed)
+        if timed
+        else math.nan
+    )
+    p95 = max((s.latency_p95 for s in timed), default=math.nan)
+    busy = sum(s.concurrency * s.wall for s in per_epoch)
+    stall = sum(s.stall for s in per_epoch)
+    return {
+        "samples": samples,
+        "batches": sum(s.batches for s in per_epoch),
+        "bytes": nbytes,
+        "seconds": round(wall, 6),
+        "samples_per_s": _json_number(round(samples / wall, 1) if wall > 0 else math.nan),
+        "bytes_per_s": _json_number(round(nbytes / wall, 1) if wall > 0 else math.nan),
+        "first_batch_s": _json_number(round(first, 6)),
+        "stall_fraction": round(stall / reader_wall, 4) if reader_wall > 0 else 0.0,
+        "requests": requests,
+        "latency_mean_s": _json_number(round(mean, 6)),
+        "latency_p95_s": _json_number(round(p95, 6)),
+        "concurrency": round(busy / reader_wall, 3) if reader_wall > 0 else 0.0,
+    }
+
+
+def _ms(x: float | None) -> str:
+    return "-" if x is None else f"{x * 1e3:.1f} ms"
+
+
+def _format_bench(data: dict[str, Any]) -> str:
+    s, r, sim = data["settings"], data["results"], data["simulated"]
+    order = "shuffled" if s["shuffle"] else "in written order"
+    lines = [
+        f"snapshot        {data['fingerprint']}",
+        f"read            {s['epochs']} epoch(s), {order}, batches of {s['batch_size']}",
+    ]
+    if s["workers"] > 1:
+        lines.append(
+            f"consumer        worker 0 of {s['workers']} (its share only, as one DataLoader "
+            f"worker reads)"
+        )
+    if sim is not None:
+        bandwidth = "unlimited" if sim["bandwidth"] is None else f"{sim['bandwidth'] / 1e6:g} MB/s"
+        lines.append(f"simulated       ttfb {_ms(sim['ttfb'])}, {bandwidth} per request")
+    rate = r["bytes_per_s"]
+    per_s = "-" if r["samples_per_s"] is None else f"{r['samples_per_s']:,.0f}"
+    lines += [
+        f"samples         {r['samples']} in {r['batches']} batch(es), {r['seconds']:.3f} s",
+        f"throughput      {per_s} samples/s, "
+        f"{'-' if rate is None else f'{rate / 1e6:.1f}'} MB/s ({human_bytes(r['bytes'])} read)",
+        f"first batch     {_ms(r['first_batch_s'])}",
+        f"stall           {r['stall_fraction']:.1%} of the reader's time waiting for data",
+        f"requests        {r['requests']}, latency mean {_ms(r['latency_mean_s'])}, "
+        f"p95 {_ms(r['latency_p95_s'])}"
+        if r["latency_mean_s"] is not None
+        else f"requests        {r['requests']} (local reads: latency not measured)",
+        f"concurrency     {r['concurrency']:.1f} requests in flight on average",
+    ]
+    return "\n".join(lines)
+
+
+@click.command("bench")
+@click.argument("fingerprint")
+@click.option("--batch-size", type=click.IntRange(min=1), default=256, show_default=True)
+@click.option(
+    "--shuffle/--no-shuffle",
+    default=True,
+    show_default=True,
+    help="Read in shuffled order, as training does, or in written order.",
+)
+@click.option("--epochs", type=click.IntRange(min=1), default=1, show_default=True)
+@click.option(
+    "--workers",
+    type=click.IntRange(min=1),
+    default=1,
+    show_default=True,
+    help="Read the share of worker 0 of this many (one DataLoader worker's reads).",
+)
+@click.option(
+    "--simulate-ttfb",
+    type=Duration(),
+    default=None,
+    help="Delay every request by this time to first byte (e.g. 50ms), as a bucket would.",
+)
+@click.option(
+    "--simulate-bandwidth",
+    type=Rate(),
+    default=None,
+    help="Limit each request to this rate (e.g. 200MB/s), as a bucket would.",
+)
+@click.option("--json", "as_json", is_flag=True, help="Print JSON instead of text.")
+@click.pass_obj
+def bench_command(
+    obj: Context,
+    fingerprint: str,
+    batch_size: int,
+    shuffle: bool,
+    epochs: int,
+    workers: int,
+    simulate_ttfb: float | None,
+    simulate_bandwidth: float | None,
+    as_json: bool,
+) -> None:
+    """Read a snapshot as training would and report throughput, stalls and requests."""
+    full = resolve_fingerprint(obj.store, fingerprint)
+    simulated: dict[str, Any] | None = None
+    store: Store = obj.store
+    if simulate_ttfb is not None or simulate_bandwidth is not None:
+        simulated = {"ttfb": simulate_ttfb or 0.0, "bandwidth": simulate_bandwidth}
+        store = simulated_store(obj.store, ttfb=simulated["ttfb"], bandwidth=simulate_bandwidth)
+    with snapstore.open(full, root=store) as snap:
+        per_epoch, first, wall = _read_epochs(
+            snap, epochs, batch_size=batch_size, shuffle=shuffle, num_workers=workers
+        )
+    settings = {"batch_size": batch_size, "shuffle": shuffle, "epochs": epochs}
+    settings |= {"workers": workers, "worker": 0}
+    data = {
+        "fingerprint": full,
+        "root": obj.store.url,
+        "settings": settings,
+        "simulated": simulated,
+        "results": _bench_result(per_epoch, first, wall),
+    }
+    click.echo(json.dumps(data, indent=2) if as_json else _format_bench(data))
+
+
+# -- du -------------------------------------------------------------------------------------
+
+
+def _usage(store: Store) -> dict[str, Any]:
+    """The object ``du --json`` prints."""
+    infos = list_snapshots(store)
+    stages: dict[str | None, dict[str, Any]] = {}
+    others = {state: {"snapshots": 0, "bytes": 0} for state in ("incomplete", "corrupt")}
+    for info in infos:
+        if info["state"] == "committed":
+            row = stages.setdefault(
+                info.get("stage"), {"stage": info.get("stage"), "snapshots": 0, "bytes": 0}
+            )
+        else:
+            row = others[info["state"]]
+        row["snapshots"] += 1
+        row["bytes"] += info["bytes"]
+    garbage = find_garbage(store, min_age=0)
+    return {
+        "root": store.url,
+        "stages": sorted(stages.values(), key=lambda r: (-r["bytes"], str(r["stage"]))),
+        **others,
+        "garbage": {"items": len(garbage), "bytes": sum(g.bytes for g in garbage)},
+        "total_bytes": sum(i["bytes"] for i in infos),
+    }
+
+
+def _format_usage(usage: dict[str, Any]) -> str:
+    rows = [
+        [r["stage"] or "-", str(r["snapshots"]), human_bytes(r["bytes"])] for r in usage["stages"]
+    ]
+    for state in ("incomplete", "corrupt"):
+        if usage[state]["snapshots"]:
+            row = usage[state]
+            rows.append([f"({state})", str(row["snapshots"]), human_bytes(row["bytes"])])
+    count = sum(int(r[1]) for r in rows)
+    lines = [table(rows, ["STAGE", "SNAPSHOTS", "SIZE"])] if rows else []
+    lines.append(
+        f"total: {count} snapshot(s), {human_bytes(usage['total_bytes'])} under {usage['root']}"
+    )
+    g = usage["garbage"]
+    lines.append(
+        f"reclaimable by gc: {human_bytes(g['bytes'])} in {g['items']} item(s) "
+        "(failed attempts and stale claims)"
+        if g["items"]
+        else "reclaimable by gc: nothing"
+    )
+    return "\n".join(lines)
+
+
+@click.command("du")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")
+@click.pass_obj
+def du_command(obj: Context, as_json: bool) -> None:
+    """Show the bytes under the root by stage, and what gc could reclaim."""
+    usage = _usage(obj.store)
+    click.echo(json.dumps(usage, indent=2) if as_json else _format_usage(usage))
+
+
+COMMANDS: list[click.Command] = [head_command, bench_command, du_command]

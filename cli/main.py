@@ -6,18 +6,21 @@ and prints a human table, or JSON with ``--json``.
 
 from __future__ import annotations
 
+import datetime as dt
 import json
 import logging
 import sys
+import time
 from typing import Any
 
 import click
 
 from snapstore.catalog import describe, diff_snapshots, list_snapshots, remove_snapshot
-from snapstore.errors import SnapstoreError
+from snapstore.errors import BusyError, SnapstoreError
+from snapstore.gc import Policy, collect_garbage, select_snapshots
 from snapstore.snapshot import resolve_fingerprint
 
-from .common import Context, human_bytes, table
+from .common import Context, human_bytes, parse_duration, parse_size, table
 
 __all__ = ["main"]
 
@@ -49,14 +52,51 @@ def main(ctx: click.Context, root: str | None, verbose: bool) -> None:
     ctx.obj = Context(root)
 
 
+SORT_KEYS = {
+    "created": lambda i: i.get("created_at") or "",
+    "read": lambda i: i.get("last_read") or "",
+    "size": lambda i: i["bytes"],
+    "stage": lambda i: i.get("stage") or "",
+    "samples": lambda i: i.get("samples") or 0,
+}
+
+
 @main.command("ls")
+@click.option("--stage", default=None, help="Only snapshots of this stage (substring match).")
+@click.option(
+    "--older-than", default=None, help="Only snapshots created before this long ago (7d, 12h)."
+)
+@click.option("--larger-than", default=None, help="Only snapshots larger than this (500MB, 2GiB).")
+@click.option(
+    "--sort", "sort_by", type=click.Choice(sorted(SORT_KEYS)), default="created", show_default=True
+)
+@click.option("--reverse", is_flag=True, help="Reverse the order.")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")
 @click.pass_obj
-def ls_command(obj: Context, as_json: bool) -> None:
-    """List the snapshots under the root."""
+def ls_command(
+    obj: Context,
+    stage: str | None,
+    older_than: str | None,
+    larger_than: str | None,
+    sort_by: str,
+    reverse: bool,
+    as_json: bool,
+) -> None:
+    """List the snapshots under the root: who made them, when, how big, whether in use."""
     infos = list_snapshots(obj.store)
+    if stage is not None:
+        infos = [i for i in infos if stage in (i.get("stage") or "")]
+    if older_than is not None:
+        cutoff = time.time() - parse_duration(older_than)
+        infos = [i for i in infos if _created(i) < cutoff]
+    if larger_than is not None:
+        limit = parse_size(larger_than)
+        infos = [i for i in infos if i["bytes"] > limit]
+    infos.sort(key=SORT_KEYS[sort_by], reverse=reverse)
+    total = sum(i["bytes"] for i in infos)
     if as_json:
-        click.echo(json.dumps({"root": obj.store.url, "snapshots": infos}, indent=2))
+        payload = {"root": obj.store.url, "snapshots": infos, "total_bytes": total}
+        click.echo(json.dumps(payload, indent=2))
         return
     if not infos:
         click.echo(f"no snapshots under {obj.store.url}")
@@ -66,15 +106,33 @@ def ls_command(obj: Context, as_json: bool) -> None:
             i["fingerprint"][:12],
             i.get("stage") or "-",
             (i.get("created_at") or "-")[:19],
+            (i.get("last_read") or "-")[:13],
             str(i.get("samples", "-")),
             human_bytes(i["bytes"]),
-            i["state"],
+            _state(i),
         ]
         for i in infos
     ]
-    click.echo(table(rows, ["FINGERPRINT", "STAGE", "CREATED", "SAMPLES", "SIZE", "STATE"]))
-    total = sum(i["bytes"] for i in infos)
+    header = ["FINGERPRINT", "STAGE", "CREATED", "LAST READ", "SAMPLES", "SIZE", "STATE"]
+    click.echo(table(rows, header))
     click.echo(f"{len(infos)} snapshot(s), {human_bytes(total)} under {obj.store.url}")
+
+
+def _created(info: dict[str, Any]) -> float:
+    text = info.get("created_at")
+    try:
+        return dt.datetime.fromisoformat(text).timestamp() if text else 0.0
+    except ValueError:
+        return 0.0
+
+
+def _state(info: dict[str, Any]) -> str:
+    state = str(info["state"])
+    if state == "writing":
+        return f"writing ({info.get('writer', '?')})"
+    if info.get("readers"):
+        return f"{state}, {info['readers']} reader(s)"
+    return state
 
 
 @main.command("info")
@@ -140,16 +198,124 @@ def diff_command(obj: Context, old: str, new: str, as_json: bool) -> None:
 @main.command("rm")
 @click.argument("fingerprints", nargs=-1, required=True)
 @click.option("--dry-run", is_flag=True, help="Show what would be removed, remove nothing.")
+@click.option("--force", is_flag=True, help="Remove even snapshots that readers hold open.")
 @click.pass_obj
-def rm_command(obj: Context, fingerprints: tuple[str, ...], dry_run: bool) -> None:
-    """Remove snapshots, committed or left incomplete (by fingerprint or unique prefix)."""
+def rm_command(obj: Context, fingerprints: tuple[str, ...], dry_run: bool, force: bool) -> None:
+    """Remove snapshots, committed or left incomplete (by fingerprint or unique prefix).
+
+    A snapshot that a reader holds open is kept (and the exit status is 1) unless --force.
+    """
     resolved = [resolve_fingerprint(obj.store, p, committed_only=False) for p in fingerprints]
-    total = 0
+    total, kept = 0, 0
     for fp in dict.fromkeys(resolved):  # all names resolve before anything is removed
-        freed = describe(obj.store, fp)["bytes"] if dry_run else remove_snapshot(obj.store, fp)
+        if dry_run:
+            info = describe(obj.store, fp)
+            busy = info["readers"] and not force
+            click.echo(f"{'would keep (in use)' if busy else 'would remove'} {fp}  "
+                       f"{human_bytes(info['bytes'])}")  # fmt: skip
+            total += 0 if busy else info["bytes"]
+            kept += bool(busy)
+            continue
+        try:
+            freed = remove_snapshot(obj.store, fp, respect_pins=not force)
+        except BusyError as exc:
+            click.echo(f"kept {fp}: {exc}", err=True)
+            kept += 1
+            continue
         total += freed
-        click.echo(f"{'would remove' if dry_run else 'removed'} {fp}  {human_bytes(freed)}")
+        click.echo(f"removed {fp}  {human_bytes(freed)}")
     click.echo(f"{'would free' if dry_run else 'freed'} {human_bytes(total)}")
+    if kept:
+        sys.exit(1)
+
+
+@main.command("gc")
+@click.option(
+    "--older-than",
+    default=None,
+    help="Remove snapshots not used (read or created) for this long (7d, 12h).",
+)
+@click.option(
+    "--keep-last",
+    type=click.IntRange(min=0),
+    default=None,
+    help="Keep only the N most recent snapshots of each stage.",
+)
+@click.option(
+    "--max-size",
+    default=None,
+    help="Then remove least recently used snapshots until the rest fit (100GiB).",
+)
+@click.option(
+    "--min-age",
+    default="1h",
+    show_default=True,
+    help="Failed attempts younger than this are left alone (a writer may still run).",
+)
+@click.option(
+    "--dry-run", is_flag=True, help="Show what would go and how much it frees; remove nothing."
+)
+@click.option("--json", "as_json", is_flag=True, help="Print JSON instead of text.")
+@click.pass_obj
+def gc_command(
+    obj: Context,
+    older_than: str | None,
+    keep_last: int | None,
+    max_size: str | None,
+    min_age: str,
+    dry_run: bool,
+    as_json: bool,
+) -> None:
+    """Remove failed attempts, stale claims and pins; and snapshots by policy.
+
+    Garbage (runs no commit record names, expired claims, pins of readers that are gone) always
+    goes. Snapshots go only by the policies given, least recently used first, never one that a
+    reader holds open or a job is writing.
+    """
+    policy = Policy(
+        older_than=parse_duration(older_than) if older_than else None,
+        keep_last=keep_last,
+        max_size=parse_size(max_size) if max_size else None,
+    )
+    store = obj.store
+    garbage = collect_garbage(store, min_age=parse_duration(min_age), dry_run=dry_run)
+    chosen = select_snapshots(list_snapshots(store), policy)
+    removed = []
+    for info, reason in chosen:
+        entry = {
+            "fingerprint": info["fingerprint"],
+            "stage": info.get("stage"),
+            "bytes": info["bytes"],
+            "reason": reason,
+            "removed": False,
+            "error": None,
+        }
+        if not dry_run:
+            try:
+                remove_snapshot(store, info["fingerprint"])
+                entry["removed"] = True
+            except BusyError as exc:
+                entry["error"] = str(exc)
+        removed.append(entry)
+    freed = sum(g.bytes for g in garbage) + sum(
+        e["bytes"] for e in removed if e["removed"] or dry_run
+    )
+    if as_json:
+        payload = {"root": store.url, "dry_run": dry_run,
+                   "garbage": [g.as_dict() for g in garbage], "snapshots": removed,
+                   "freed_bytes": freed}  # fmt: skip
+        click.echo(json.dumps(payload, indent=2))
+        return
+    verb = "would remove" if dry_run else "removed"
+    for g in garbage:
+        click.echo(f"{verb} {g.kind:9} {g.path}  {human_bytes(g.bytes)}  ({g.reason})")
+    for e in removed:
+        if e["error"]:
+            click.echo(f"kept     {e['fingerprint'][:12]}  {e['error']}")
+        else:
+            click.echo(f"{verb} snapshot  {e['fingerprint'][:12]} {e['stage'] or '-'}  "
+                       f"{human_bytes(e['bytes'])}  ({e['reason']})")  # fmt: skip
+    click.echo(f"{'would free' if dry_run else 'freed'} {human_bytes(freed)} under {store.url}")
 
 
 def _register() -> None:

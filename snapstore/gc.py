@@ -31,7 +31,7 @@ from .partitions import PARTS_DIR
 from .pins import PIN_NAME, PINS_DIR, live_pins
 from .store import Store
 
-__all__ = ["Garbage", "collect_garbage", "find_garbage"]
+__all__ = ["Garbage", "Policy", "collect_garbage", "find_garbage", "select_snapshots"]
 
 
 @dataclass(frozen=True)
@@ -148,3 +148,80 @@ def collect_garbage(
         for item in found:
             store.remove_tree(item.path)
     return found
+
+
+@dataclass(frozen=True)
+class Policy:
+    """Which committed snapshots to remove, besides garbage.
+
+    Attributes
+    ----------
+    older_than : float, optional
+        Remove snapshots not used (read, or created if never read) for this many seconds.
+    keep_last : int, optional
+        Keep only the ``keep_last`` most recently created snapshots of each stage.
+    max_size : int, optional
+        Then remove least recently used snapshots until committed snapshots total at most this
+        many bytes.
+    """
+
+    older_than: float | None = None
+    keep_last: int | None = None
+    max_size: int | None = None
+
+    def __post_init__(self) -> None:
+        for name in ("older_than", "keep_last", "max_size"):
+            value = getattr(self, name)
+            if value is not None and value < 0:
+                raise ValueError(f"{name}: expected a value >= 0, found {value!r}")
+
+
+def _stamp(text: str | None) -> float:
+    if not text:
+        return 0.0
+    try:
+        return dt.datetime.fromisoformat(text).timestamp()
+    except ValueError:
+        return 0.0
+
+
+def select_snapshots(
+    infos: list[dict[str, Any]], policy: Policy, *, now: float | None = None
+) -> list[tuple[dict[str, Any], str]]:
+    """The committed snapshots ``policy`` removes, least recently used first, with the reason.
+
+    ``infos`` are :func:`snapstore.catalog.describe` summaries. A snapshot that a reader holds
+    open (``readers`` > 0) is never selected. Pure: decides, removes nothing.
+    """
+    now = time.time() if now is None else now
+    committed = [i for i in infos if i.get("state") == "committed" and not i.get("readers")]
+
+    def used(info: dict[str, Any]) -> float:
+        return max(_stamp(info.get("last_read")), _stamp(info.get("created_at")))
+
+    chosen: dict[str, str] = {}
+    if policy.older_than is not None:
+        for info in committed:
+            if now - used(info) > policy.older_than:
+                days = (now - used(info)) / 86400
+                chosen[info["fingerprint"]] = f"not used for {days:.1f} days"
+    if policy.keep_last is not None:
+        by_stage: dict[str, list[dict[str, Any]]] = {}
+        for info in committed:
+            by_stage.setdefault(str(info.get("stage")), []).append(info)
+        for stage, group in by_stage.items():
+            group.sort(key=lambda i: _stamp(i.get("created_at")), reverse=True)
+            for info in group[policy.keep_last :]:
+                why = f"older than the {policy.keep_last} most recent of stage {stage}"
+                chosen.setdefault(info["fingerprint"], why)
+    if policy.max_size is not None:
+        kept = sorted(
+            (i for i in committed if i["fingerprint"] not in chosen), key=used, reverse=True
+        )
+        total = sum(int(i["bytes"]) for i in kept)
+        while kept and total > policy.max_size:
+            info = kept.pop()  # least recently used
+            total -= int(info["bytes"])
+            chosen[info["fingerprint"]] = "least recently used, over the size limit"
+    order = sorted((i for i in committed if i["fingerprint"] in chosen), key=used)
+    return [(info, chosen[info["fingerprint"]]) for info in order]
