@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import json
 import re
+from typing import Any
 
 import click
 
 from snapstore.store import Store, default_root, open_store
 
-__all__ = ["Context", "human_bytes", "parse_duration", "parse_size", "table"]
+__all__ = ["Context", "human_bytes", "parse_duration", "parse_options", "parse_size", "table"]
 
 
 def human_bytes(n: float | None) -> str:
@@ -32,15 +34,41 @@ def table(rows: list[list[str]], header: list[str]) -> str:
 
 
 class Context:
-    def __init__(self, root: str | None) -> None:
+    """The root the command works on, opened on first use with the storage options."""
+
+    def __init__(self, root: str | None, options: dict[str, Any] | None = None) -> None:
         self.root = root or default_root()
+        self.options = dict(options or {})
         self._store: Store | None = None
 
     @property
     def store(self) -> Store:
         if self._store is None:
-            self._store = open_store(self.root)
+            self._store = open_store(self.root, **self.options)
         return self._store
+
+
+def parse_options(pairs: tuple[str, ...], option: str = "--storage-option") -> dict[str, Any]:
+    """``("key=value", ...)`` as storage options; a value is JSON when it parses, else a string.
+
+    Raises
+    ------
+    click.BadParameter
+        If a pair has no ``=`` or an empty key.
+    """
+    options: dict[str, Any] = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or not key:
+            raise click.BadParameter(
+                f"expected KEY=VALUE (e.g. endpoint_url=http://host:4443), got {pair!r}",
+                param_hint=f"'{option}'",
+            )
+        try:
+            options[key] = json.loads(value)
+        except json.JSONDecodeError:
+            options[key] = value
+    return options
 
 
 _SIZE_UNITS = {

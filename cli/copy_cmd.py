@@ -12,32 +12,9 @@ from snapstore.copy import CopyResult, copy_snapshot
 from snapstore.snapshot import resolve_fingerprint
 from snapstore.store import open_store
 
-from .common import Context, human_bytes
+from .common import Context, human_bytes, parse_options
 
-__all__ = ["COMMANDS", "cp_command", "parse_options"]
-
-
-def parse_options(pairs: tuple[str, ...]) -> dict[str, Any]:
-    """``("key=value", ...)`` as storage options; a value is JSON when it parses, else a string.
-
-    Raises
-    ------
-    click.BadParameter
-        If a pair has no ``=`` or an empty key.
-    """
-    options: dict[str, Any] = {}
-    for pair in pairs:
-        key, sep, value = pair.partition("=")
-        if not sep or not key:
-            raise click.BadParameter(
-                f"expected KEY=VALUE (e.g. endpoint_url=http://host:4443), got {pair!r}",
-                param_hint="'--dest-option'",
-            )
-        try:
-            options[key] = json.loads(value)
-        except json.JSONDecodeError:
-            options[key] = value
-    return options
+__all__ = ["COMMANDS", "cp_command"]
 
 
 class _Bar:
@@ -81,7 +58,7 @@ def _summary(result: CopyResult) -> str:
     "dest_options",
     multiple=True,
     metavar="KEY=VALUE",
-    callback=lambda _ctx, _param, pairs: parse_options(pairs),
+    callback=lambda _ctx, _param, pairs: parse_options(pairs, "--dest-option"),
     help="Storage option for DEST_ROOT (repeatable); VALUE is parsed as JSON when it can be.",
 )
 @click.option(

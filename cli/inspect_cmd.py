@@ -360,18 +360,22 @@ def bench_command(
 # -- du -------------------------------------------------------------------------------------
 
 
+# States of snapshot directories other than committed, as describe() reports them.
+_OTHER_STATES = ("writing", "incomplete", "corrupt")
+
+
 def _usage(store: Store) -> dict[str, Any]:
     """The object ``du --json`` prints."""
     infos = list_snapshots(store)
     stages: dict[str | None, dict[str, Any]] = {}
-    others = {state: {"snapshots": 0, "bytes": 0} for state in ("incomplete", "corrupt")}
+    others = {state: {"snapshots": 0, "bytes": 0} for state in _OTHER_STATES}
     for info in infos:
         if info["state"] == "committed":
             row = stages.setdefault(
                 info.get("stage"), {"stage": info.get("stage"), "snapshots": 0, "bytes": 0}
             )
-        else:
-            row = others[info["state"]]
+        else:  # a state added later is counted as incomplete rather than lost
+            row = others.get(info["state"], others["incomplete"])
         row["snapshots"] += 1
         row["bytes"] += info["bytes"]
     garbage = find_garbage(store, min_age=0)
@@ -388,7 +392,7 @@ def _format_usage(usage: dict[str, Any]) -> str:
     rows = [
         [r["stage"] or "-", str(r["snapshots"]), human_bytes(r["bytes"])] for r in usage["stages"]
     ]
-    for state in ("incomplete", "corrupt"):
+    for state in _OTHER_STATES:
         if usage[state]["snapshots"]:
             row = usage[state]
             rows.append([f"({state})", str(row["snapshots"]), human_bytes(row["bytes"])])
@@ -400,7 +404,7 @@ def _format_usage(usage: dict[str, Any]) -> str:
     g = usage["garbage"]
     lines.append(
         f"reclaimable by gc: {human_bytes(g['bytes'])} in {g['items']} item(s) "
-        "(failed attempts and stale claims)"
+        "(failed attempts and stale claims; `snapstore gc` removes them)"
         if g["items"]
         else "reclaimable by gc: nothing"
     )

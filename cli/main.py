@@ -20,7 +20,7 @@ from snapstore.errors import BusyError, SnapstoreError
 from snapstore.gc import Policy, collect_garbage, select_snapshots
 from snapstore.snapshot import resolve_fingerprint
 
-from .common import Context, human_bytes, parse_duration, parse_size, table
+from .common import Context, human_bytes, parse_duration, parse_options, parse_size, table
 
 __all__ = ["main"]
 
@@ -44,12 +44,23 @@ class _Group(click.Group):
     metavar="URL",
     help="Where snapshots live (local path or fsspec URL). [env: SNAPSTORE_ROOT]",
 )
+@click.option(
+    "-o",
+    "--storage-option",
+    "storage_options",
+    multiple=True,
+    metavar="KEY=VALUE",
+    help="fsspec storage option for --root, repeatable (endpoint_url=..., token=anon); "
+    "values are JSON when they parse, else strings.",
+)
 @click.option("-v", "--verbose", is_flag=True, help="Log what snapstore does.")
 @click.pass_context
-def main(ctx: click.Context, root: str | None, verbose: bool) -> None:
+def main(
+    ctx: click.Context, root: str | None, storage_options: tuple[str, ...], verbose: bool
+) -> None:
     """Manage snapstore snapshots: materialized outputs of preprocessing stages."""
     logging.basicConfig(level=logging.INFO if verbose else logging.WARNING, format="%(message)s")
-    ctx.obj = Context(root)
+    ctx.obj = Context(root, parse_options(storage_options))
 
 
 SORT_KEYS = {

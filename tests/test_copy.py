@@ -15,7 +15,7 @@ from click.testing import CliRunner
 
 import snapstore
 from snapstore import format as fmt
-from snapstore.cli.copy_cmd import parse_options
+from snapstore.cli.common import parse_options
 from snapstore.cli.main import main
 from snapstore.copy import _BlockChecker, copy_run_name, copy_snapshot
 from snapstore.errors import CorruptBlockError, SnapshotNotFoundError, StoreError

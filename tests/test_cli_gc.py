@@ -1,0 +1,178 @@
+"""`snapstore gc`, `rm` and `ls` filters: policies with a fake clock, pins, the GCS emulator."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+import snapstore
+from snapstore.cli.main import main
+from snapstore.gc import Policy, select_snapshots
+from snapstore.store import LocalStore, Store
+
+DAY = 86400.0
+NOW = 1_800_000_000.0
+
+
+def info(fp: str, stage: str, created_days_ago: float, read_days_ago: float | None, size: int,
+         readers: int = 0) -> dict:  # fmt: skip
+    def iso(days: float) -> str:
+        import datetime as dt
+
+        return dt.datetime.fromtimestamp(NOW - days * DAY, dt.UTC).isoformat(timespec="seconds")
+
+    return {
+        "fingerprint": fp,
+        "stage": stage,
+        "state": "committed",
+        "created_at": iso(created_days_ago),
+        "last_read": iso(read_days_ago) if read_days_ago is not None else None,
+        "bytes": size,
+        "readers": readers,
+    }
+
+
+INFOS = [
+    info("a" * 32, "prep.tok", 30, 1, 100),  # old but read yesterday
+    info("b" * 32, "prep.tok", 20, None, 200),  # never read, 20 days old
+    info("c" * 32, "prep.tok", 10, 9, 300),
+    info("d" * 32, "prep.img", 40, None, 400, readers=1),  # old, but open right now
+    info("e" * 32, "prep.img", 2, 2, 500),
+]
+
+
+def chosen(policy: Policy) -> list[str]:
+    return [i["fingerprint"][0] for i, _ in select_snapshots(INFOS, policy, now=NOW)]
+
+
+def test_older_than_counts_reads_and_never_takes_an_open_snapshot() -> None:
+    assert chosen(Policy(older_than=7 * DAY)) == ["b", "c"]  # least recently used first
+    assert chosen(Policy(older_than=0)) == ["b", "c", "e", "a"]
+
+
+def test_keep_last_per_stage() -> None:
+    assert chosen(Policy(keep_last=1)) == ["b", "a"]  # tok keeps c; img keeps e (d is open)
+    assert chosen(Policy(keep_last=0)) == ["b", "c", "e", "a"]
+
+
+def test_max_size_removes_least_recently_used_until_it_fits() -> None:
+    # 1100 bytes not open; d (400, open) is kept and not counted as removable.
+    assert chosen(Policy(max_size=600)) == ["b", "c"]
+    assert chosen(Policy(max_size=10_000)) == []
+    reasons = dict((i["fingerprint"][0], r) for i, r in select_snapshots(INFOS, Policy(
+        older_than=7 * DAY, keep_last=2), now=NOW))  # fmt: skip
+    assert reasons["b"].startswith("not used for 20.0 days")
+
+
+def test_policy_rejects_negative_values() -> None:
+    with pytest.raises(ValueError, match="max_size: expected a value >= 0, found -1"):
+        Policy(max_size=-1)
+
+
+def stage(n: int):
+    for i in range(n):
+        yield {"x": i}
+
+
+def other(n: int):
+    for i in range(n):
+        yield {"y": float(i)}
+
+
+def populate(root: Store) -> tuple[str, str, str]:
+    fps = []
+    for fn, n in ((stage, 10), (stage, 20), (other, 5)):
+        snap = snapstore.snapshot(fn, root=root)(n)
+        snap.materialize()
+        snap.close()
+        fps.append(snap.fingerprint)
+    return fps[0], fps[1], fps[2]
+
+
+def cli(root: Store | str, *args: str, options: dict | None = None) -> tuple[int, str]:
+    url = root.url if isinstance(root, Store) else root
+    extra = [f"-o{k}={v}" for k, v in (options or {}).items()]
+    result = CliRunner().invoke(main, ["--root", url, *extra, *args])
+    return result.exit_code, result.output
+
+
+def test_gc_removes_garbage_and_snapshots_by_policy(store: Store) -> None:
+    a, b, c = populate(store)
+    crashed = f"{a}/runs/20200101T000000-host-1-00000001"
+    store.write_bytes(f"{crashed}/shard-00000.snap", b"x" * 1000)
+    code, out = cli(store, "gc", "--dry-run")
+    assert code == 0 and f"would remove run       {crashed}" in out
+    assert store.exists(crashed)
+    code, out = cli(store, "gc", "--older-than", "0s", "--dry-run", "--json")
+    planned = json.loads(out)
+    assert planned["dry_run"] is True and {s["fingerprint"] for s in planned["snapshots"]} == {
+        a,
+        b,
+        c,
+    }
+    assert set(planned) == {"root", "dry_run", "garbage", "snapshots", "freed_bytes"}
+    assert set(planned["snapshots"][0]) == {"fingerprint", "stage", "bytes", "reason",
+                                            "removed", "error"}  # fmt: skip
+    # A reader holds b open: gc keeps it, removes the rest.
+    reader = snapstore.open(b, root=store)
+    assert len(reader) == 20
+    code, out = cli(store, "gc", "--older-than", "0s", "--json")
+    result = json.loads(out)
+    removed = {s["fingerprint"] for s in result["snapshots"] if s["removed"]}
+    assert code == 0 and removed == {a, c} and not store.exists(crashed)
+    assert [s["x"] for s in reader][-1] == 19  # still readable
+    reader.close()
+    code, out = cli(store, "ls", "--json")
+    assert [s["fingerprint"] for s in json.loads(out)["snapshots"]] == [b]
+
+
+def test_rm_keeps_an_open_snapshot_unless_forced(tmp_path: Path) -> None:
+    store = LocalStore(tmp_path)
+    a, _, _ = populate(store)
+    reader = snapstore.open(a, root=store)
+    len(reader)
+    code, out = cli(store, "rm", a[:10])
+    assert code == 1 and "is in use by reader" in out
+    code, out = cli(store, "rm", "--dry-run", a[:10])
+    assert "would keep (in use)" in out
+    code, out = cli(store, "rm", "--force", a[:10])
+    assert code == 0 and f"removed {a}" in out
+    reader.close()
+
+
+def test_ls_filters_and_sorts(store: Store) -> None:
+    _a, b, c = populate(store)
+    code, out = cli(store, "ls", "--stage", "other", "--json")
+    assert [s["fingerprint"] for s in json.loads(out)["snapshots"]] == [c]
+    code, out = cli(store, "ls", "--sort", "samples", "--json")
+    assert [s["samples"] for s in json.loads(out)["snapshots"]] == [5, 10, 20]
+    code, out = cli(store, "ls", "--sort", "samples", "--reverse")
+    lines = out.splitlines()
+    assert lines[0].split()[:2] == ["FINGERPRINT", "STAGE"] and "LAST READ" in lines[0]
+    assert lines[1].startswith(b[:12]) and "3 snapshot(s)" in lines[-1]
+    code, out = cli(store, "ls", "--larger-than", "1GiB")
+    assert code == 0 and "no snapshots" in out
+    code, out = cli(store, "ls", "--older-than", "1d", "--json")
+    assert json.loads(out)["snapshots"] == []
+    code, out = cli(store, "ls", "--larger-than", "lots")
+    assert code == 2 and "expected a size such as 500MB" in out
+    code, out = cli(store, "gc", "--older-than", "soon")
+    assert code == 2 and "expected a duration such as 7d" in out
+
+
+def test_ls_gc_on_the_gcs_emulator(gcs_root: tuple[str, dict]) -> None:
+    url, options = gcs_root
+    store = snapstore.open_store(url, **options)
+    a, b, c = populate(store)
+    code, out = cli(url, "ls", "--json", options=options)
+    assert code == 0, out
+    assert {s["fingerprint"] for s in json.loads(out)["snapshots"]} == {a, b, c}
+    code, out = cli(url, "gc", "--keep-last", "1", "--json", options=options)
+    assert code == 0, out
+    removed = [s for s in json.loads(out)["snapshots"] if s["removed"]]
+    assert len(removed) == 1 and removed[0]["fingerprint"] in (a, b)
+    code, out = cli(url, "ls", "--json", options=options)
+    assert len(json.loads(out)["snapshots"]) == 2
