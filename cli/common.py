@@ -39,6 +39,7 @@ class Context:
     def __init__(self, root: str | None, options: dict[str, Any] | None = None) -> None:
         self.root = root or default_root()
         self.options = dict(options or {})
+        self.debug = False
         self._store: Store | None = None
 
     @property

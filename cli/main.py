@@ -19,6 +19,7 @@ from snapstore.catalog import describe, diff_snapshots, list_snapshots, remove_s
 from snapstore.errors import BusyError, SnapstoreError
 from snapstore.gc import Policy, collect_garbage, select_snapshots
 from snapstore.snapshot import resolve_fingerprint
+from snapstore.verify import verify_snapshot
 
 from .common import Context, human_bytes, parse_duration, parse_options, parse_size, table
 
@@ -26,13 +27,23 @@ __all__ = ["main"]
 
 
 class _Group(click.Group):
-    """Turns snapstore's errors into one line on stderr and exit status 1, not a traceback."""
+    """Turns errors into one line on stderr and exit status 1; a traceback only with --debug."""
 
     def invoke(self, ctx: click.Context) -> Any:
         try:
             return super().invoke(ctx)
-        except SnapstoreError as exc:
-            click.echo(f"error: {exc}", err=True)
+        except (click.ClickException, click.exceptions.Exit, click.Abort):
+            raise
+        except Exception as exc:
+            if isinstance(ctx.obj, Context) and ctx.obj.debug:
+                raise
+            if isinstance(exc, SnapstoreError):
+                click.echo(f"error: {exc}", err=True)
+            else:
+                click.echo(
+                    f"error: {type(exc).__name__}: {exc} (run with --debug for the traceback)",
+                    err=True,
+                )
             sys.exit(1)
 
 
@@ -54,13 +65,20 @@ class _Group(click.Group):
     "values are JSON when they parse, else strings.",
 )
 @click.option("-v", "--verbose", is_flag=True, help="Log what snapstore does.")
+@click.option("--debug", is_flag=True, help="Show tracebacks, and log at debug level.")
 @click.pass_context
 def main(
-    ctx: click.Context, root: str | None, storage_options: tuple[str, ...], verbose: bool
+    ctx: click.Context,
+    root: str | None,
+    storage_options: tuple[str, ...],
+    verbose: bool,
+    debug: bool,
 ) -> None:
     """Manage snapstore snapshots: materialized outputs of preprocessing stages."""
-    logging.basicConfig(level=logging.INFO if verbose else logging.WARNING, format="%(message)s")
+    level = logging.DEBUG if debug else logging.INFO if verbose else logging.WARNING
+    logging.basicConfig(level=level, format="%(message)s")
     ctx.obj = Context(root, parse_options(storage_options))
+    ctx.obj.debug = debug
 
 
 SORT_KEYS = {
@@ -149,10 +167,22 @@ def _state(info: dict[str, Any]) -> str:
 @main.command("info")
 @click.argument("fingerprint")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON instead of text.")
+@click.option("--verify", "check", is_flag=True, help="Also read and check every block.")
 @click.pass_obj
-def info_command(obj: Context, fingerprint: str, as_json: bool) -> None:
-    """Show one snapshot: schema, counts, sizes, fingerprint parts."""
+def info_command(obj: Context, fingerprint: str, as_json: bool, check: bool) -> None:
+    """Show one snapshot: schema, counts, sizes, fingerprint parts, integrity."""
     info = describe(obj.store, resolve_fingerprint(obj.store, fingerprint, committed_only=False))
+    if info["state"] == "committed":
+        info["integrity"] = "commit record, manifest and block index valid; blocks not read"
+        if check:
+            report = verify_snapshot(obj.store, info["fingerprint"])
+            info["integrity"] = (
+                f"every block verified ({report.blocks} blocks)"
+                if report.ok
+                else f"FAILED: {len(report.errors)} problem(s); run `snapstore verify`"
+            )
+    elif info["state"] == "corrupt":
+        info["integrity"] = f"FAILED: {info.get('error')}"
     click.echo(json.dumps(info, indent=2) if as_json else _format_info(info))
     if info["state"] != "committed":
         sys.exit(1)
@@ -173,6 +203,9 @@ def _format_info(info: dict[str, Any]) -> str:
         f" ({ratio if ratio is not None else '-'}x)",
         f"on store     {human_bytes(info['bytes'])} ({info['runs']} run(s))",
         f"version      {info['version'] or '-'}",
+        f"last read    {info.get('last_read') or 'never'}"
+        + (f", {info['readers']} reader(s) now" if info.get("readers") else ""),
+        f"integrity    {info.get('integrity', '-')}",
         "schema:",
     ]
     for field in info["schema"]:
