@@ -70,8 +70,12 @@ def ids(reader: SnapshotReader, pf: Prefetcher) -> np.ndarray:
     return np.array(out)
 
 
+READER_THREADS = ("snapstore-prefetch", "snapstore-fetch", "snapstore-decode")
+
+
 def snapstore_threads() -> list[threading.Thread]:
-    return [t for t in threading.enumerate() if t.name.startswith("snapstore-")]
+    """The reader's threads (pins and claims of open snapshots have their own)."""
+    return [t for t in threading.enumerate() if t.name.startswith(READER_THREADS)]
 
 
 def test_reads_the_plan_in_order(remote: SnapshotReader) -> None:
