@@ -40,7 +40,15 @@ from typing import Any, Protocol
 
 from .store import Store
 
-__all__ = ["Claim", "ClaimState", "Clock", "SystemClock", "acquire", "inspect_claim"]
+__all__ = [
+    "Claim",
+    "ClaimState",
+    "Clock",
+    "SystemClock",
+    "acquire",
+    "inspect_claim",
+    "remove_claims",
+]
 
 log = logging.getLogger(__name__)
 
@@ -303,3 +311,11 @@ def _stalled(state: ClaimState, clock: Clock, watched: dict[str, Any] | None) ->
     lease = state.holder.get("lease")
     limit = float(lease) if isinstance(lease, (int, float)) else float(watched.get("lease", 60.0))
     return now - float(watched["since"]) > limit
+
+
+def remove_claims(store: Store, fingerprint: str) -> None:
+    """Best effort: delete the claims of a committed fingerprint (left over, gc removes them)."""
+    try:
+        store.remove_tree(_path(fingerprint))
+    except Exception:
+        log.debug("could not remove the claims of %s", fingerprint, exc_info=True)

@@ -380,6 +380,7 @@ class Stage:
             if snap.committed:  # committed between our check and our claim
                 return
             self._compute(snap, progress)
+        claims.remove_claims(snap.store, snap.fingerprint)  # committed: nobody needs them
 
     def partitions(self, snap: Snapshot) -> list[Callable[[], Iterable[Mapping[str, Any]]]]:
         """The stage call split on ``partition_by``: one zero-argument callable per partition."""
@@ -440,6 +441,8 @@ class Stage:
                 self.clock.sleep(min(self.lease / 4, 2.0))
         if not snap.committed:
             commit_partitions(store, fp, len(calls), self._manifest_extra(snap), schema=self.schema)
+            for p in range(len(calls)):
+                claims.remove_claims(store, partition_dir(fp, p))
 
     def _write_one_partition(
         self,
