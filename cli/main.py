@@ -9,6 +9,7 @@ from __future__ import annotations
 import datetime as dt
 import json
 import logging
+import os
 import sys
 import time
 from typing import Any
@@ -34,6 +35,10 @@ class _Group(click.Group):
             return super().invoke(ctx)
         except (click.ClickException, click.exceptions.Exit, click.Abort):
             raise
+        except BrokenPipeError:  # `snapstore head ... | head -3`: the reader left, say nothing
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(devnull, sys.stdout.fileno())
+            sys.exit(1)
         except Exception as exc:
             if isinstance(ctx.obj, Context) and ctx.obj.debug:
                 raise
@@ -117,7 +122,7 @@ def ls_command(
         infos = [i for i in infos if stage in (i.get("stage") or "")]
     if older_than is not None:
         cutoff = time.time() - parse_duration(older_than)
-        infos = [i for i in infos if _created(i) < cutoff]
+        infos = [i for i in infos if 0 < _created(i) < cutoff]  # incomplete ones have no time
     if larger_than is not None:
         limit = parse_size(larger_than)
         infos = [i for i in infos if i["bytes"] > limit]
@@ -184,7 +189,7 @@ def info_command(obj: Context, fingerprint: str, as_json: bool, check: bool) -> 
     elif info["state"] == "corrupt":
         info["integrity"] = f"FAILED: {info.get('error')}"
     click.echo(json.dumps(info, indent=2) if as_json else _format_info(info))
-    if info["state"] != "committed":
+    if info["state"] != "committed" or str(info.get("integrity", "")).startswith("FAILED"):
         sys.exit(1)
 
 
@@ -341,7 +346,11 @@ def gc_command(
             except BusyError as exc:
                 entry["error"] = str(exc)
         removed.append(entry)
-    freed = sum(g.bytes for g in garbage) + sum(
+    # Sizes of snapshots were taken after the garbage went; in a dry run it is still inside
+    # them, so it must not be counted twice.
+    chosen_dirs = tuple(f"{e['fingerprint']}/" for e in removed)
+    counted = [g for g in garbage if not (dry_run and g.path.startswith(chosen_dirs))]
+    freed = sum(g.bytes for g in counted) + sum(
         e["bytes"] for e in removed if e["removed"] or dry_run
     )
     if as_json:

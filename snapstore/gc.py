@@ -86,7 +86,12 @@ def find_garbage(
     return found
 
 
+_OURS = {fmt.COMMIT_NAME, "runs", CLAIMS_DIR, PARTS_DIR, PINS_DIR}
+
+
 def _fingerprint_garbage(store: Store, fp: str, min_age: float, now: float) -> list[Garbage]:
+    if not _OURS & set(store.list_dir(fp)):
+        return []  # not a snapshot directory (someone's notes/): not ours to judge
     committed_run: str | None = None
     if store.exists(f"{fp}/{fmt.COMMIT_NAME}"):
         try:

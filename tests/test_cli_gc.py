@@ -176,3 +176,30 @@ def test_ls_gc_on_the_gcs_emulator(gcs_root: tuple[str, dict]) -> None:
     assert len(removed) == 1 and removed[0]["fingerprint"] in (a, b)
     code, out = cli(url, "ls", "--json", options=options)
     assert len(json.loads(out)["snapshots"]) == 2
+
+
+def test_gc_dry_run_frees_what_the_real_run_frees(tmp_path: Path) -> None:
+    store = LocalStore(tmp_path)
+    a, _, _ = populate(store)
+    store.write_bytes(f"{a}/runs/20200101T000000-host-1-00000001/shard-00000.snap", b"x" * 999)
+    store.write_bytes("notes/todo.txt", b"not a snapshot")
+    store.remove_tree("notes/todo.txt")  # an empty folder that is not ours
+    _, out = cli(store, "gc", "--keep-last", "1", "--dry-run", "--json")
+    planned = json.loads(out)["freed_bytes"]
+    _, out = cli(store, "gc", "--keep-last", "1", "--json")
+    assert json.loads(out)["freed_bytes"] == planned
+    assert store.is_dir("notes")  # gc judges snapshot directories only
+
+
+def test_info_verify_fails_on_a_damaged_block(tmp_path: Path) -> None:
+    store = LocalStore(tmp_path)
+    a, _, _ = populate(store)
+    code, out = cli(store, "info", a[:10], "--verify")
+    assert code == 0 and "every block verified" in out
+    reader = snapstore.open(a, root=store)._open()
+    shard = tmp_path / reader.shard_paths[0]
+    data = bytearray(shard.read_bytes())
+    data[int(reader.index[0]["offset"]) + 3] ^= 0xFF
+    shard.write_bytes(bytes(data))
+    code, out = cli(store, "info", a[:10], "--verify")
+    assert code == 1 and "integrity    FAILED" in out
