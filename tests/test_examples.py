@@ -6,6 +6,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 
 
@@ -21,3 +23,39 @@ def test_quickstart(tmp_path: Path) -> None:
     assert second.returncode == 0, second.stderr
     assert "first run (already committed)" in second.stdout
     assert first.stdout.split()[1] == second.stdout.split()[1]  # same fingerprint in a new process
+
+
+def test_sweep_computes_each_partition_once(tmp_path: Path) -> None:
+    root = tmp_path / "root"
+    cmd = [sys.executable, str(EXAMPLES / "sweep.py"), "--jobs", "3", "--samples", "600",
+           "--root", str(root)]  # fmt: skip
+    run = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0, run.stderr
+    assert "stage ran once per partition: 12 calls for 12 partitions" in run.stdout, run.stdout
+    assert "all 3 jobs read fingerprint" in run.stdout, run.stdout
+    assert "UNEXPECTED" not in run.stdout
+    table = [line.split() for line in run.stdout.splitlines() if line.split()[:1] in (["0"],
+             ["1"], ["2"])]  # fmt: skip
+    assert len(table) == 3 and sum(int(row[2]) for row in table) == 12, run.stdout
+    again = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+    assert again.returncode == 0, again.stderr
+    assert "stage calls: 0 (the snapshot was already committed" in again.stdout, again.stdout
+
+
+def test_gcs_against_the_emulator() -> None:
+    from servers import fake_gcs_binary  # skips when the wrapper or its binary is missing
+
+    binary = fake_gcs_binary()
+    try:
+        subprocess.run([str(binary), "-help"], capture_output=True, timeout=30)
+    except OSError as exc:  # e.g. ENOEXEC: a binary for another platform
+        pytest.skip(f"cannot run fake-gcs-server ({binary}): {exc}")
+    cmd = [sys.executable, str(EXAMPLES / "gcs.py"), "--samples", "3000"]
+    run = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0, run.stderr
+    out = run.stdout
+    assert "writing to gs://snapstore-example/snaps" in out, out
+    assert "write (compute + upload)" in out and "ok, " in out, out
+    assert "3000 samples" in out and "samples/s" in out and "requests" in out, out
+    assert "cache hit, stage not run" in out, out
+    assert "stopped fake-gcs-server" in out, out
