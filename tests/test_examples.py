@@ -59,3 +59,14 @@ def test_gcs_against_the_emulator() -> None:
     assert "3000 samples" in out and "samples/s" in out and "requests" in out, out
     assert "cache hit, stage not run" in out, out
     assert "stopped fake-gcs-server" in out, out
+
+
+def test_torch_training(tmp_path: Path) -> None:
+    root = tmp_path / "root"
+    script = str(EXAMPLES / "torch_training.py")
+    cmd = [sys.executable, script, "--samples", "512", "--root", str(root), "--steps", "12"]
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "samples/s" in done.stdout and "loss" in done.stdout
+    assert "checkpoint at step 6" in done.stdout
+    assert "resumed at batch 6: next batch ids match" in done.stdout

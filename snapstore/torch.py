@@ -1,0 +1,339 @@
+"""PyTorch datasets over a snapshot: an iterable one for DataLoader workers, a map-style one.
+
+Import this module only where torch is installed (``pip install 'snapstore[torch]'``).
+
+>>> from torch.utils.data import DataLoader                           # doctest: +SKIP
+>>> from snapstore.torch import SnapshotIterableDataset               # doctest: +SKIP
+>>> ds = SnapshotIterableDataset(snap, batch_size=256, seed=0)        # doctest: +SKIP
+>>> loader = DataLoader(ds, batch_size=None, num_workers=4)           # doctest: +SKIP
+>>> for epoch in range(3):                                            # doctest: +SKIP
+...     ds.set_epoch(epoch)
+...     for batch in loader: ...
+
+Both datasets pickle to a few strings and integers (the store's location and the snapshot's
+fingerprint) and open the snapshot lazily in the process that reads, so they work with the
+``spawn`` start method and hold no open handles or shared memory while pickled.
+"""
+
+from __future__ import annotations
+
+import operator
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+import numpy as np
+
+try:
+    import torch
+    import torch.distributed as dist
+    from torch.utils.data import Dataset, IterableDataset, get_worker_info
+except ImportError as exc:  # pragma: no cover - depends on the environment
+    raise ImportError(
+        f"snapstore.torch needs PyTorch ({exc}); pip install 'snapstore[torch]'"
+    ) from exc
+
+from .batches import BatchReader
+from .errors import ResumeError
+from .snapshot import Snapshot
+from .snapshot import open as open_snapshot
+from .store import FsspecStore, LocalStore, Store, open_store
+
+__all__ = ["SnapshotDataset", "SnapshotIterableDataset", "to_tensors"]
+
+STATE_VERSION = 1
+
+
+def _tensor(value: np.ndarray[Any, Any]) -> torch.Tensor:
+    """``value`` as a tensor sharing its memory; a copy only if it is read-only.
+
+    ``torch.from_numpy`` warns on a read-only array because the tensor would be writable. Batches
+    from :class:`~snapstore.BatchReader` are gathered into fresh, writable arrays, so they are
+    never copied. Single samples (:class:`SnapshotDataset`) and the items of varying-shape
+    fields are read-only views into a decoded block that a cache shares with later reads:
+    writing through a tensor would corrupt it, so those (small) arrays are copied.
+    """
+    if not value.flags.writeable:
+        value = value.copy()
+    return torch.from_numpy(value)
+
+
+def to_tensors(sample: Mapping[str, Any]) -> dict[str, Any]:
+    """A batch or sample dict with its numeric values as tensors.
+
+    Parameters
+    ----------
+    sample : mapping
+        A batch from :meth:`snapstore.Snapshot.batches` or a sample from ``snap[i]``.
+
+    Returns
+    -------
+    dict
+        Arrays, numpy scalars and Python ``int``/``float``/``bool`` as tensors (without a copy
+        for writable arrays); lists of arrays (varying-shape fields) as lists of tensors;
+        ``str``, ``bytes`` and lists of them unchanged.
+    """
+    out: dict[str, Any] = {}
+    for name, value in sample.items():
+        if isinstance(value, np.ndarray):
+            out[name] = _tensor(value)
+        elif isinstance(value, np.generic):
+            out[name] = torch.from_numpy(np.array(value))
+        elif isinstance(value, (bool, int, float)):
+            out[name] = torch.tensor(value)
+        elif isinstance(value, list) and value and isinstance(value[0], np.ndarray):
+            out[name] = [_tensor(item) for item in value]
+        else:
+            out[name] = value
+    return out
+
+
+class _Location:
+    """Where a snapshot lives, in a form that pickles: the store's root and the fingerprint."""
+
+    def __init__(self, snapshot_or_fingerprint: Snapshot | str, root: Any) -> None:
+        if isinstance(snapshot_or_fingerprint, Snapshot):
+            snap = snapshot_or_fingerprint.materialize()
+            store: Store = snap.store
+            fingerprint = snap.fingerprint
+        elif isinstance(snapshot_or_fingerprint, str):
+            snap = open_snapshot(snapshot_or_fingerprint, root)
+            store, fingerprint = snap.store, snap.fingerprint
+        else:
+            raise TypeError(
+                "expected a Snapshot or a fingerprint string, found "
+                f"{type(snapshot_or_fingerprint).__name__}"
+            )
+        self.fingerprint = fingerprint
+        # A Store holds caches and locks that do not pickle; keep what reopens it.
+        self.root: Any
+        if isinstance(store, LocalStore):
+            self.root = str(store.root)
+        elif isinstance(store, FsspecStore):
+            self.root = (store.fs, store.root, store.retry)
+        else:
+            raise TypeError(
+                f"cannot send a {type(store).__name__} to DataLoader workers: expected a "
+                "LocalStore or FsspecStore"
+            )
+        self.opened: Snapshot | None = snap
+
+    def open(self) -> Snapshot:
+        if self.opened is None:
+            if isinstance(self.root, tuple):
+                fs, path, retry = self.root
+                store: Store = FsspecStore(fs, path, retry=retry)
+            else:
+                store = open_store(self.root)
+            self.opened = Snapshot(store, self.fingerprint)
+        return self.opened
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {"fingerprint": self.fingerprint, "root": self.root, "opened": None}
+
+
+def _place(rank: int | None, world_size: int | None) -> tuple[int, int]:
+    """This process's (rank, world_size): torch.distributed's, else the arguments, else (0, 1)."""
+    if (rank is None) != (world_size is None):
+        raise ValueError(
+            f"pass both rank and world_size or neither, found rank={rank}, world_size={world_size}"
+        )
+    if dist.is_available() and dist.is_initialized():
+        found = (dist.get_rank(), dist.get_world_size())
+        if rank is not None and (rank, world_size) != found:
+            raise ValueError(
+                f"rank={rank}, world_size={world_size} disagree with torch.distributed "
+                f"(rank {found[0]} of {found[1]}); leave them out to use torch.distributed's"
+            )
+        return found
+    if rank is None or world_size is None:
+        return 0, 1
+    return operator.index(rank), operator.index(world_size)
+
+
+class SnapshotIterableDataset(IterableDataset[dict[str, Any]]):
+    """Batches of a snapshot for ``DataLoader(ds, batch_size=None, num_workers=N)``.
+
+    Each DataLoader worker of each rank reads its own share of every epoch (consumer
+    ``rank * num_workers + worker`` of ``world_size * num_workers``, see
+    :meth:`snapstore.Snapshot.batches`): every worker of every rank yields the same number of
+    batches, together covering the epoch once (with ``drop_last=False`` a few samples are
+    repeated to even the shares, and each worker's last batch may be short). Batches are dicts
+    of tensors made by :func:`to_tensors`, which shares the batch's memory.
+
+    Parameters
+    ----------
+    snapshot_or_fingerprint : Snapshot or str
+        A snapshot (materialized here if needed) or a fingerprint (or unique prefix) to open
+        under ``root``.
+    root : str, PathLike or Store, optional
+        Where to find a fingerprint; as for :func:`snapstore.open`.
+    batch_size : int
+        Samples per batch.
+    shuffle, seed, drop_last
+        As for :meth:`snapstore.Snapshot.batches`.
+    rank, world_size : int, optional
+        This process's place among the ranks. By default ``torch.distributed``'s when it is
+        initialized, otherwise 0 of 1.
+    **batches_options
+        Further arguments of :meth:`snapstore.Snapshot.batches` (``window_bytes``,
+        ``prefetch_bytes``, ``ragged``...). The reader memory bound applies per worker.
+
+    Notes
+    -----
+    **Epochs.** Call :meth:`set_epoch` before each epoch. Workers started anew for each epoch
+    (the default) receive the new epoch with their copy of the dataset. Persistent workers
+    (``persistent_workers=True``) keep the copy they started with and cannot see
+    :meth:`set_epoch`; each of them moves to the next epoch at every pass after its first,
+    which matches calling ``set_epoch(first + i)`` before pass ``i``.
+
+    **Resuming.** :meth:`state_dict` and :meth:`load_state_dict` follow the protocol of
+    ``torchdata.stateful_dataloader.StatefulDataLoader``, which calls them inside each worker:
+    a worker's state is its reader's position (:meth:`snapstore.BatchReader.get_state`, a dict
+    of integers holding the epoch). A loader restored from ``StatefulDataLoader.state_dict()``
+    with the same dataset settings, ranks and workers yields exactly the batches the
+    interrupted run had left, in the same order.
+
+    Examples
+    --------
+    >>> from torchdata.stateful_dataloader import StatefulDataLoader     # doctest: +SKIP
+    >>> loader = StatefulDataLoader(ds, batch_size=None, num_workers=2)  # doctest: +SKIP
+    >>> state = loader.state_dict()  # after some batches, with the model's state
+    >>> loader.load_state_dict(state)  # in a new process, then iterate   # doctest: +SKIP
+    """
+
+    def __init__(
+        self,
+        snapshot_or_fingerprint: Snapshot | str,
+        root: Any = None,
+        *,
+        batch_size: int,
+        shuffle: bool = True,
+        seed: int = 0,
+        drop_last: bool = False,
+        rank: int | None = None,
+        world_size: int | None = None,
+        **batches_options: Any,
+    ) -> None:
+        self._location = _Location(snapshot_or_fingerprint, root)
+        self.rank, self.world_size = _place(rank, world_size)
+        self.epoch = 0
+        self._options: dict[str, Any] = dict(batches_options)
+        self._options |= {"batch_size": batch_size, "shuffle": shuffle, "seed": seed}
+        self._options |= {"drop_last": drop_last}
+        self._reader: BatchReader | None = None
+        self._pending: dict[str, int] | None = None
+        # Fail here, not in a worker, on a bad argument.
+        self._make_reader(0, 0, 1).close()
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = self.__dict__.copy()
+        state["_reader"] = None  # its threads and caches stay in this process
+        return state
+
+    def set_epoch(self, epoch: int) -> None:
+        """Read epoch ``epoch`` from the next pass on (see Notes on persistent workers)."""
+        epoch = operator.index(epoch)
+        if epoch < 0:
+            raise ValueError(f"set_epoch: expected an epoch >= 0, found {epoch}")
+        self.epoch = epoch
+        self._pending = None
+
+    def _make_reader(self, epoch: int, worker: int, num_workers: int) -> BatchReader:
+        snap = self._location.open()
+        return snap.batches(
+            epoch=epoch,
+            rank=self.rank,
+            world_size=self.world_size,
+            worker=worker,
+            num_workers=num_workers,
+            **self._options,
+        )
+
+    def __iter__(self) -> Iterator[dict[str, Any]]:
+        info = get_worker_info()
+        worker, num_workers = (0, 1) if info is None else (info.id, info.num_workers)
+        previous, self._reader = self._reader, None
+        epoch = self.epoch
+        if self._pending is not None:
+            epoch = self._pending["epoch"]
+        elif previous is not None and info is not None:
+            epoch = previous.epoch + 1  # a persistent worker's next pass (see Notes)
+        if previous is not None:
+            previous.close()
+        reader = self._make_reader(epoch, worker, num_workers)
+        if self._pending is not None:
+            pending, self._pending = self._pending, None
+            if "position" in pending:
+                reader.set_state(pending)
+        self._reader = reader
+        return self._batches(reader)
+
+    @staticmethod
+    def _batches(reader: BatchReader) -> Iterator[dict[str, Any]]:
+        for batch in reader:
+            yield to_tensors(batch)
+
+    def state_dict(self) -> dict[str, int]:
+        """This worker's position: its reader's ``get_state()``, or the epoch before a pass.
+
+        Returns
+        -------
+        dict of str to int
+            ``BatchReader.get_state()`` (``epoch``, ``position`` and what they are valid for)
+            plus ``dataset_version``; only ``epoch`` and ``dataset_version`` before the first
+            pass.
+        """
+        if self._reader is not None:
+            return {"dataset_version": STATE_VERSION, **self._reader.get_state()}
+        if self._pending is not None:
+            return dict(self._pending)
+        return {"dataset_version": STATE_VERSION, "epoch": self.epoch}
+
+    def load_state_dict(self, state: Mapping[str, int]) -> None:
+        """Continue from ``state`` (from :meth:`state_dict`) at the next pass.
+
+        Raises
+        ------
+        ResumeError
+            If the state is not one :meth:`state_dict` returns. A state for another snapshot,
+            order or partition raises when the pass starts (see
+            :meth:`snapstore.BatchReader.set_state`).
+        """
+        if not isinstance(state, Mapping) or state.get("dataset_version") != STATE_VERSION:
+            raise ResumeError(
+                f"expected a state from SnapshotIterableDataset.state_dict() with "
+                f"dataset_version {STATE_VERSION}, found {state!r:.200}"
+            )
+        epoch = state.get("epoch")
+        if not isinstance(epoch, int) or epoch < 0:
+            raise ResumeError(f"resume state epoch must be an int >= 0, found {epoch!r}")
+        self._pending = {k: v for k, v in state.items() if k != "dataset_version"}
+
+
+class SnapshotDataset(Dataset[dict[str, Any]]):
+    """A snapshot as a map-style dataset, for torch samplers: ``ds[i]`` is sample ``i``.
+
+    Samples come back as dicts of tensors (:func:`to_tensors`; arrays are copied, as they are
+    read-only views into a shared decoded block). Random access decodes the block holding each
+    sample through a small cache of recently decoded blocks (8 per process), so a random
+    sampler decodes about one block per sample: far slower than
+    :class:`SnapshotIterableDataset`, which reads whole blocks in a shuffle window. Use this
+    one when a sampler must choose the samples.
+
+    Parameters
+    ----------
+    snapshot_or_fingerprint : Snapshot or str
+        A snapshot (materialized here if needed) or a fingerprint to open under ``root``.
+    root : str, PathLike or Store, optional
+        Where to find a fingerprint; as for :func:`snapstore.open`.
+    """
+
+    def __init__(self, snapshot_or_fingerprint: Snapshot | str, root: Any = None) -> None:
+        self._location = _Location(snapshot_or_fingerprint, root)
+        self._len = len(self._location.open())
+
+    def __len__(self) -> int:
+        return self._len
+
+    def __getitem__(self, index: int) -> dict[str, Any]:
+        return to_tensors(self._location.open()[index])
