@@ -46,11 +46,12 @@ STATE_VERSION = 1
 def _tensor(value: np.ndarray[Any, Any]) -> torch.Tensor:
     """``value`` as a tensor sharing its memory; a copy only if it is read-only.
 
-    ``torch.from_numpy`` warns on a read-only array because the tensor would be writable. Batches
-    from :class:`~snapstore.BatchReader` are gathered into fresh, writable arrays, so they are
-    never copied. Single samples (:class:`SnapshotDataset`) and the items of varying-shape
-    fields are read-only views into a decoded block that a cache shares with later reads:
-    writing through a tensor would corrupt it, so those (small) arrays are copied.
+    ``torch.from_numpy`` warns on a read-only array because the tensor would be writable.
+    Shuffled batches from :class:`~snapstore.BatchReader` are gathered into fresh, writable
+    arrays, so they are never copied. Unshuffled batches (slices of a decoded block), single
+    samples (:class:`SnapshotDataset`) and the items of varying-shape fields are read-only views
+    into decoded blocks that a cache shares with later reads: writing through a tensor would
+    corrupt them, so those are copied.
     """
     if not value.flags.writeable:
         value = value.copy()

@@ -57,3 +57,11 @@ def test_bench_gcs_smoke(tmp_path: Path) -> None:
     assert out.returncode == 0, out.stderr
     assert "gcsfs, 50 ms first byte (samples/s)" in out.stdout
     assert "ttfb / local" in out.stdout
+
+
+def test_bench_torch_smoke(tmp_path: Path) -> None:
+    script = BENCH.parent / "bench_torch.py"
+    cmd = [sys.executable, str(script), "--samples", "600", "--tmp", str(tmp_path)]
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stderr
+    assert "with transform: 2 workers / one process" in out.stdout
