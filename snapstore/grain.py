@@ -1,0 +1,191 @@
+"""A snapshot as a Grain random-access data source.
+
+:class:`SnapshotSource` follows ``grain.python.RandomAccessDataSource``: ``len(source)`` samples,
+``source[i]`` sample ``i`` in written order. It holds no reading state, so Grain's own samplers
+and iterators decide everything about order, sharding and resuming:
+
+**Sharding.** Give the sampler (or the DataLoader) ``grain.python.ShardOptions(shard_index,
+shard_count, drop_remainder)``, or ``grain.python.ShardByJaxProcess()`` under JAX, which reads
+the process index and count from ``jax``. Each shard reads its own slice of the record keys;
+together the shards cover every record once (with ``drop_remainder=True`` a few are left out so
+that the shards hold equal counts).
+
+**Shuffling.** ``grain.python.IndexSampler(num_records=len(source), shard_options=...,
+shuffle=True, num_epochs=..., seed=...)``: Grain's shuffle is a keyed permutation of the record
+keys per epoch, a pure function of the seed, so it costs no memory and every host computes the
+same order. Random access decodes the block holding each sample (through a small cache of
+recently decoded blocks), so a globally shuffled read decodes about one block per sample: where
+throughput matters more than a global shuffle, prefer :meth:`snapstore.Snapshot.batches`.
+
+**Resuming.** ``iterator = iter(loader)``; ``state = iterator.get_state()`` (bytes, saved with the
+model); later ``iterator = iter(new_loader)``; ``iterator.set_state(state)``: the iterator goes on
+with the records the interrupted run had left. Grain checks the restored state against
+``repr(sampler)`` and ``repr(source)``; the source's ``repr`` names the fingerprint and store, so
+a state saved for another snapshot is refused.
+
+Examples
+--------
+>>> import grain.python as pygrain                                     # doctest: +SKIP
+>>> source = SnapshotSource(snap)                                      # doctest: +SKIP
+>>> sampler = pygrain.IndexSampler(
+...     num_records=len(source), shard_options=pygrain.ShardByJaxProcess(),
+...     shuffle=True, num_epochs=1, seed=0)                           # doctest: +SKIP
+>>> loader = pygrain.DataLoader(data_source=source, sampler=sampler,
+...     operations=[pygrain.Batch(256)], worker_count=4)              # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import operator
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from .columns import RowCopy, gather
+from .reader import SnapshotReader
+from .snapshot import Snapshot
+from .snapshot import open as open_snapshot
+from .store import FsspecStore, LocalStore, Store
+
+__all__ = ["SnapshotSource"]
+
+
+def _reopenable(store: Store) -> tuple[Any, ...]:
+    """What reopens ``store`` in another process: a Store holds caches and locks that do not
+    pickle, so a source keeps this instead."""
+    if isinstance(store, LocalStore):
+        return ("local", str(store.root), store.fsync)
+    if isinstance(store, FsspecStore):
+        return ("fsspec", store.fs, store.root, store.retry)
+    raise TypeError(
+        f"cannot send a {type(store).__name__} to Grain worker processes: expected a LocalStore "
+        "or FsspecStore; open the snapshot under a local path or an fsspec URL"
+    )
+
+
+def _reopen(where: tuple[Any, ...]) -> Store:
+    if where[0] == "local":
+        return LocalStore(where[1], fsync=where[2])
+    return FsspecStore(where[1], where[2], retry=where[3])
+
+
+class SnapshotSource:
+    """A committed snapshot as a Grain data source: ``source[i]`` is sample ``i``.
+
+    Picklable for Grain's worker processes: it keeps the fingerprint and where the store is (a
+    local path, or an fsspec filesystem and root) and opens the snapshot lazily in each process.
+    See the module docstring for sharding, shuffling and resuming.
+
+    Parameters
+    ----------
+    snapshot_or_fingerprint : Snapshot or str
+        A snapshot (materialized here if needed) or a fingerprint (or unique prefix) to open
+        under ``root``.
+    root : str, PathLike or Store, optional
+        Where to find a fingerprint; as for :func:`snapstore.open`.
+
+    Raises
+    ------
+    TypeError
+        If the snapshot's store is neither a LocalStore nor an FsspecStore.
+    SnapshotNotFoundError
+        If no committed snapshot matches the fingerprint.
+    """
+
+    def __init__(self, snapshot_or_fingerprint: Snapshot | str, root: Any = None) -> None:
+        if isinstance(snapshot_or_fingerprint, Snapshot):
+            snap = snapshot_or_fingerprint.materialize()
+        elif isinstance(snapshot_or_fingerprint, str):
+            snap = open_snapshot(snapshot_or_fingerprint, root)
+        else:
+            raise TypeError(
+                "SnapshotSource expects a Snapshot or a fingerprint string, found "
+                f"{type(snapshot_or_fingerprint).__name__}"
+            )
+        self.fingerprint = snap.fingerprint
+        self._where = _reopenable(snap.store)
+        self._url = snap.store.url
+        self._snapshot: Snapshot | None = snap
+        self._len = len(snap)
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = self.__dict__.copy()
+        state["_snapshot"] = None  # its reader's caches and threads stay in this process
+        return state
+
+    def _reader(self) -> SnapshotReader:
+        if self._snapshot is None:
+            self._snapshot = Snapshot(_reopen(self._where), self.fingerprint)
+        # Snapshot._open pins the snapshot, so cleaning never removes it under a reader.
+        return self._snapshot._open()
+
+    def __len__(self) -> int:
+        return self._len
+
+    def __getitem__(self, index: int) -> dict[str, Any]:
+        """Sample ``index`` in written order (negative counts from the end).
+
+        Arrays are read-only views into a decoded block that a cache shares with later reads.
+        """
+        return self._reader().sample(operator.index(index))
+
+    def __repr__(self) -> str:
+        # Grain compares repr(source) when restoring an iterator's state: keep it deterministic.
+        return f"SnapshotSource(fingerprint={self.fingerprint!r}, store={self._url!r})"
+
+    def _blocks(
+        self, indices: Sequence[int] | np.ndarray[Any, Any]
+    ) -> tuple[SnapshotReader, list[Any], np.ndarray[Any, Any], np.ndarray[Any, Any]]:
+        """The decoded blocks ``indices`` need (each once), with each index's block number in
+        that list and row inside its block."""
+        reader = self._reader()
+        wanted = np.asarray(indices, dtype=np.int64).reshape(-1)
+        n = self._len
+        bad = (wanted < -n) | (wanted >= n)
+        if bool(bad.any()):
+            raise IndexError(
+                f"sample index {int(wanted[bad][0])} out of range for a snapshot of {n} samples"
+            )
+        blocks, rows = reader.locate(wanted % n if n else wanted)
+        unique, which = np.unique(blocks, return_inverse=True)
+        decoded = [reader.block(int(b)) for b in unique.tolist()]
+        return reader, decoded, which.reshape(-1), rows
+
+    def __getitems__(self, indices: Sequence[int]) -> list[dict[str, Any]]:
+        """Samples ``indices``, decoding each block they need once.
+
+        Returns
+        -------
+        list of dict
+            ``[source[i] for i in indices]``.
+        """
+        _, decoded, which, rows = self._blocks(indices)
+        return [decoded[w].sample(r) for w, r in zip(which.tolist(), rows.tolist())]
+
+    # Grain's dataset API batches reads through this name.
+    _getitems = __getitems__
+
+    def read_batch(self, indices: Sequence[int] | np.ndarray[Any, Any]) -> dict[str, Any]:
+        """Samples ``indices`` stacked field by field, decoding each block they need once.
+
+        Parameters
+        ----------
+        indices : sequence of int
+            Global sample indices, in the order wanted (negative counts from the end).
+
+        Returns
+        -------
+        dict
+            Fixed-shape and scalar fields as one ndarray each (a read-only view into a block
+            when the rows are contiguous in one block, otherwise a new array); varying-shape
+            fields as lists of arrays; str and bytes fields as lists.
+
+        Raises
+        ------
+        IndexError
+            If an index is out of range.
+        """
+        reader, decoded, which, rows = self._blocks(indices)
+        out = gather(reader.schema, decoded, which, rows)
+        return {k: v.materialize() if isinstance(v, RowCopy) else v for k, v in out.items()}
