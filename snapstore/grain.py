@@ -46,28 +46,9 @@ from .columns import RowCopy, gather
 from .reader import SnapshotReader
 from .snapshot import Snapshot
 from .snapshot import open as open_snapshot
-from .store import FsspecStore, LocalStore, Store
+from .store import portable, reopen
 
 __all__ = ["SnapshotSource"]
-
-
-def _reopenable(store: Store) -> tuple[Any, ...]:
-    """What reopens ``store`` in another process: a Store holds caches and locks that do not
-    pickle, so a source keeps this instead."""
-    if isinstance(store, LocalStore):
-        return ("local", str(store.root), store.fsync)
-    if isinstance(store, FsspecStore):
-        return ("fsspec", store.fs, store.root, store.retry)
-    raise TypeError(
-        f"cannot send a {type(store).__name__} to Grain worker processes: expected a LocalStore "
-        "or FsspecStore; open the snapshot under a local path or an fsspec URL"
-    )
-
-
-def _reopen(where: tuple[Any, ...]) -> Store:
-    if where[0] == "local":
-        return LocalStore(where[1], fsync=where[2])
-    return FsspecStore(where[1], where[2], retry=where[3])
 
 
 class SnapshotSource:
@@ -104,7 +85,7 @@ class SnapshotSource:
                 f"{type(snapshot_or_fingerprint).__name__}"
             )
         self.fingerprint = snap.fingerprint
-        self._where = _reopenable(snap.store)
+        self._where = portable(snap.store, "Grain worker processes")
         self._url = snap.store.url
         self._snapshot: Snapshot | None = snap
         self._len = len(snap)
@@ -116,7 +97,7 @@ class SnapshotSource:
 
     def _reader(self) -> SnapshotReader:
         if self._snapshot is None:
-            self._snapshot = Snapshot(_reopen(self._where), self.fingerprint)
+            self._snapshot = Snapshot(reopen(self._where), self.fingerprint)
         # Snapshot._open pins the snapshot, so cleaning never removes it under a reader.
         return self._snapshot._open()
 

@@ -46,6 +46,8 @@ __all__ = [
     "Store",
     "default_root",
     "open_store",
+    "portable",
+    "reopen",
 ]
 
 log = logging.getLogger(__name__)
@@ -589,6 +591,33 @@ class FsspecStore(Store):
 
         self._call("remove", path, remove)
         self._forget(target)
+
+
+def portable(store: Store, destination: str) -> tuple[Any, ...]:
+    """What reopens ``store`` in another process (a DataLoader or Grain worker): a Store holds
+    memory maps, caches and locks that do not pickle, so a dataset keeps this instead.
+
+    Raises
+    ------
+    TypeError
+        For a store that is neither a LocalStore nor an FsspecStore (``destination`` names
+        where it was to go).
+    """
+    if isinstance(store, LocalStore):
+        return ("local", str(store.root), store.fsync)
+    if isinstance(store, FsspecStore):
+        return ("fsspec", store.fs, store.root, store.retry)
+    raise TypeError(
+        f"cannot send a {type(store).__name__} to {destination}: expected a LocalStore or "
+        "FsspecStore; open the snapshot under a local path or an fsspec URL"
+    )
+
+
+def reopen(where: tuple[Any, ...]) -> Store:
+    """The store :func:`portable` described, opened in this process."""
+    if where[0] == "local":
+        return LocalStore(where[1], fsync=where[2])
+    return FsspecStore(where[1], where[2], retry=where[3])
 
 
 def default_root() -> str:

@@ -36,7 +36,7 @@ from .batches import BatchReader
 from .errors import ResumeError
 from .snapshot import Snapshot
 from .snapshot import open as open_snapshot
-from .store import FsspecStore, LocalStore, Store, open_store
+from .store import Store, portable, reopen
 
 __all__ = ["SnapshotDataset", "SnapshotIterableDataset", "to_tensors"]
 
@@ -105,27 +105,12 @@ class _Location:
                 f"{type(snapshot_or_fingerprint).__name__}"
             )
         self.fingerprint = fingerprint
-        # A Store holds caches and locks that do not pickle; keep what reopens it.
-        self.root: Any
-        if isinstance(store, LocalStore):
-            self.root = str(store.root)
-        elif isinstance(store, FsspecStore):
-            self.root = (store.fs, store.root, store.retry)
-        else:
-            raise TypeError(
-                f"cannot send a {type(store).__name__} to DataLoader workers: expected a "
-                "LocalStore or FsspecStore"
-            )
+        self.root = portable(store, "DataLoader workers")
         self.opened: Snapshot | None = snap
 
     def open(self) -> Snapshot:
         if self.opened is None:
-            if isinstance(self.root, tuple):
-                fs, path, retry = self.root
-                store: Store = FsspecStore(fs, path, retry=retry)
-            else:
-                store = open_store(self.root)
-            self.opened = Snapshot(store, self.fingerprint)
+            self.opened = Snapshot(reopen(self.root), self.fingerprint)
         return self.opened
 
     def __getstate__(self) -> dict[str, Any]:
