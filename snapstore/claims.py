@@ -35,6 +35,7 @@ import secrets
 import socket
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -165,6 +166,67 @@ def inspect_claim(store: Store, fingerprint: str) -> ClaimState:
     return state
 
 
+class Renewal:
+    """A file renewed on a daemon thread: each renewal writes ``name(k)`` (a new file, so any
+    store works) and then deletes ``name(k - 1)``. Claims' heartbeats and readers' pins are this.
+
+    Parameters
+    ----------
+    store : Store
+        Where the files go.
+    name : callable
+        ``name(k)``: the path of the ``k``-th renewal.
+    body : callable
+        The bytes of a renewal, computed when it is written.
+    period : float
+        Seconds between renewals on the thread.
+    what : str
+        What is renewed, for the thread name and the warning when a renewal fails.
+    """
+
+    def __init__(
+        self,
+        store: Store,
+        name: Callable[[int], str],
+        body: Callable[[], bytes],
+        period: float,
+        what: str,
+    ) -> None:
+        self.store, self.name, self.body, self.period, self.what = store, name, body, period, what
+        self.latest = -1  # number of the newest renewal written, -1 before the first
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def renew(self) -> None:
+        """Write the next renewal, then delete the previous one."""
+        k = self.latest + 1
+        self.store.write_bytes(self.name(k), self.body())
+        if self.latest >= 0:
+            self.store.remove_tree(self.name(self.latest))
+        self.latest = k
+
+    def start(self, thread_name: str) -> None:
+        """Renew every ``period`` seconds until :meth:`stop`; a failed renewal is retried next
+        period (it only risks the lease running out)."""
+
+        def run() -> None:
+            while not self._stop.wait(self.period):
+                try:
+                    self.renew()
+                except Exception:
+                    log.warning("could not renew the %s", self.what, exc_info=True)
+
+        self._thread = threading.Thread(target=run, name=thread_name, daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        """Stop the thread (and wait for it, unless called from it). Safe to call twice."""
+        self._stop.set()
+        if self._thread is not None and self._thread is not threading.current_thread():
+            self._thread.join()
+            self._thread = None
+
+
 class Claim:
     """A claim this process holds; renews itself on a heartbeat thread until released.
 
@@ -186,39 +248,28 @@ class Claim:
         self.owner = owner
         self.lease = lease
         self._clock = clock
-        self._beat = -1
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
+        self._heartbeat = Renewal(
+            store,
+            lambda k: _path(fingerprint, f"beat-{generation:08d}-{k:08d}"),
+            self._beat_body,
+            lease / 4,
+            f"claim on {fingerprint}",
+        )
+
+    def _beat_body(self) -> bytes:
+        return json.dumps({"owner": self.owner, "time": self._clock.time()}).encode()
 
     def beat(self) -> None:
         """Write the next heartbeat and delete the previous one."""
-        g, k = self.generation, self._beat + 1
-        body = json.dumps({"owner": self.owner, "time": self._clock.time()}).encode()
-        self.store.write_bytes(_path(self.fingerprint, f"beat-{g:08d}-{k:08d}"), body)
-        if self._beat >= 0:
-            self.store.remove_tree(_path(self.fingerprint, f"beat-{g:08d}-{self._beat:08d}"))
-        self._beat = k
+        self._heartbeat.renew()
 
     def start_heartbeat(self) -> None:
         """Beat every ``lease / 4`` seconds on a daemon thread until :meth:`release`."""
-
-        def run() -> None:
-            while not self._stop.wait(self.lease / 4):
-                try:
-                    self.beat()
-                except Exception:  # a missed beat only risks a takeover: keep trying
-                    log.warning(
-                        "heartbeat of the claim on %s failed", self.fingerprint, exc_info=True
-                    )
-
-        self._thread = threading.Thread(target=run, name="snapstore-heartbeat", daemon=True)
-        self._thread.start()
+        self._heartbeat.start("snapstore-heartbeat")
 
     def release(self) -> None:
         """Stop the heartbeat and mark the claim released (others stop waiting for it)."""
-        self._stop.set()
-        if self._thread is not None and self._thread is not threading.current_thread():
-            self._thread.join()
+        self._heartbeat.stop()
         try:
             self.store.create_if_absent(
                 _path(self.fingerprint, f"released-{self.generation:08d}"),

@@ -28,13 +28,12 @@ import logging
 import os
 import re
 import socket
-import threading
 import time
 import weakref
 from dataclasses import dataclass
 from typing import Any
 
-from .claims import new_owner
+from .claims import Renewal, new_owner
 from .errors import StoreError
 from .store import Store
 
@@ -89,13 +88,15 @@ class Pin:
         self.fingerprint = fingerprint
         self.lease = lease
         self.owner = new_owner()
-        self._k = -1
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
+        self._renewal = Renewal(
+            store,
+            lambda k: f"{fingerprint}/{PINS_DIR}/pin-{self.owner}-{k:08d}",
+            self._body,
+            lease / 4,
+            f"pin on {fingerprint}",
+        )
 
-    def renew(self) -> None:
-        """Write the next renewal, then delete the previous one."""
-        k = self._k + 1
+    def _body(self) -> bytes:
         body = {
             "owner": self.owner,
             "host": socket.gethostname(),
@@ -103,38 +104,26 @@ class Pin:
             "lease": self.lease,
             "time": time.time(),
         }
-        self.store.write_bytes(self._name(k), json.dumps(body).encode())
-        if self._k >= 0:
-            self.store.remove_tree(self._name(self._k))
-        self._k = k
+        return json.dumps(body).encode()
 
-    def _name(self, k: int) -> str:
-        return f"{self.fingerprint}/{PINS_DIR}/pin-{self.owner}-{k:08d}"
+    def renew(self) -> None:
+        """Write the next renewal, then delete the previous one."""
+        self._renewal.renew()
 
     def start(self) -> None:
-        def run() -> None:
-            while not self._stop.wait(self.lease / 4):
-                try:
-                    self.renew()
-                except Exception:  # a missed renewal only risks removal after the lease
-                    log.warning("could not renew the pin on %s", self.fingerprint, exc_info=True)
-
-        self._thread = threading.Thread(target=run, name="snapstore-pin", daemon=True)
-        self._thread.start()
+        """Renew every ``lease / 4`` seconds until :meth:`release`."""
+        self._renewal.start("snapstore-pin")
         _active.add(self)
 
     def release(self) -> None:
         """Stop renewing and delete the pin. Safe to call twice."""
-        self._stop.set()
-        if self._thread is not None and self._thread is not threading.current_thread():
-            self._thread.join()
-            self._thread = None
-        if self._k >= 0:
+        self._renewal.stop()
+        if self._renewal.latest >= 0:
             try:
-                self.store.remove_tree(self._name(self._k))
+                self.store.remove_tree(self._renewal.name(self._renewal.latest))
             except Exception:  # best effort (at exit a driver may be shut down): pins expire
                 log.debug("could not remove the pin on %s", self.fingerprint, exc_info=True)
-            self._k = -1
+            self._renewal.latest = -1
 
 
 def pin(store: Store, fingerprint: str, lease: float = DEFAULT_LEASE) -> Pin | None:
