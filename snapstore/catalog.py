@@ -13,7 +13,7 @@ from . import format as fmt
 from .claims import inspect_claim
 from .errors import BusyError, FormatError
 from .fingerprint import Fingerprint, diff_parts
-from .pins import last_read, live_pins
+from .pins import last_read, list_pins, live_pins
 from .reader import load_manifest
 from .store import Store
 
@@ -37,11 +37,12 @@ def describe(store: Store, fingerprint: str) -> dict[str, Any]:
     many hold it open now (live pins).
     """
     runs = store.list_dir(f"{fingerprint}/runs")
+    pinned = list_pins(store, fingerprint)
     info: dict[str, Any] = {
         "fingerprint": fingerprint,
         "runs": len(runs),
-        "last_read": last_read(store, fingerprint),
-        "readers": len(live_pins(store, fingerprint)),
+        "last_read": last_read(store, fingerprint, pinned),
+        "readers": len(live_pins(store, fingerprint, names=pinned)),
     }
     if not store.exists(f"{fingerprint}/{fmt.COMMIT_NAME}"):
         claim = inspect_claim(store, fingerprint)

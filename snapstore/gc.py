@@ -28,7 +28,7 @@ from . import format as fmt
 from .claims import CLAIMS_DIR, inspect_claim
 from .errors import FormatError
 from .partitions import PARTS_DIR
-from .pins import PIN_NAME, PINS_DIR, live_pins
+from .pins import PIN_NAME, PINS_DIR, list_pins, live_pins
 from .store import Store
 
 __all__ = ["Garbage", "Policy", "collect_garbage", "find_garbage", "select_snapshots"]
@@ -116,8 +116,8 @@ def _fingerprint_garbage(store: Store, fp: str, min_age: float, now: float) -> l
         )
         path = f"{fp}/runs/{run}"
         found.append(Garbage(path, "run", why, store.disk_usage(path)))
-    pinned = store.list_dir(f"{fp}/{PINS_DIR}")
-    readers = {p.owner for p in live_pins(store, fp, now)} if pinned else set()
+    pinned = list_pins(store, fp)
+    readers = {p.owner for p in live_pins(store, fp, now, names=pinned)} if pinned else set()
     for name in pinned:
         match = PIN_NAME.fullmatch(name)
         if match and match.group(1) not in readers:

@@ -37,7 +37,7 @@ from .claims import Renewal, new_owner
 from .errors import StoreError
 from .store import Store
 
-__all__ = ["Pin", "PinInfo", "last_read", "live_pins", "pin"]
+__all__ = ["Pin", "PinInfo", "last_read", "list_pins", "live_pins", "pin"]
 
 log = logging.getLogger(__name__)
 
@@ -148,19 +148,21 @@ def pin(store: Store, fingerprint: str, lease: float = DEFAULT_LEASE) -> Pin | N
     return handle
 
 
-def _newest(store: Store, fingerprint: str) -> tuple[dict[str, int], list[str]]:
-    names = store.list_dir(f"{fingerprint}/{PINS_DIR}")
+def list_pins(store: Store, fingerprint: str) -> list[str]:
+    """The names in ``fingerprint``'s pins directory (one listing, for the functions below)."""
+    return store.list_dir(f"{fingerprint}/{PINS_DIR}")
+
+
+def live_pins(
+    store: Store, fingerprint: str, now: float | None = None, names: list[str] | None = None
+) -> list[PinInfo]:
+    """The live pins on ``fingerprint`` (an unreadable pin counts as live); ``names`` is a
+    listing from :func:`list_pins` to reuse (default: list now)."""
+    now = time.time() if now is None else now
     newest: dict[str, int] = {}
-    for name in names:
+    for name in list_pins(store, fingerprint) if names is None else names:
         if m := PIN_NAME.fullmatch(name):
             newest[m.group(1)] = max(newest.get(m.group(1), -1), int(m.group(2)))
-    return newest, names
-
-
-def live_pins(store: Store, fingerprint: str, now: float | None = None) -> list[PinInfo]:
-    """The live pins on ``fingerprint`` (an unreadable pin counts as live)."""
-    now = time.time() if now is None else now
-    newest, _ = _newest(store, fingerprint)
     found = []
     for owner, k in newest.items():
         path = f"{fingerprint}/{PINS_DIR}/pin-{owner}-{k:08d}"
@@ -168,20 +170,19 @@ def live_pins(store: Store, fingerprint: str, now: float | None = None) -> list[
             data: dict[str, Any] = json.loads(store.read_bytes(path))
             info = PinInfo(owner, str(data["host"]), int(data["pid"]), float(data["time"]),
                            float(data["lease"]))  # fmt: skip
-        except FileNotFoundError:
-            # Renewed (a newer one exists) or released since the listing: assume live, so a
-            # renewal in flight never lets a snapshot be removed under its reader.
+        except (FileNotFoundError, ValueError, KeyError, TypeError):
+            # Renewed or released since the listing, or unreadable: assume live, so a renewal
+            # in flight never lets a snapshot be removed under its reader.
             info = PinInfo(owner, "?", -1, now, DEFAULT_LEASE)
-        except (ValueError, KeyError, TypeError):
-            info = PinInfo(owner, "?", -1, now, DEFAULT_LEASE)  # unreadable: assume live
         if info.live(now):
             found.append(info)
     return found
 
 
-def last_read(store: Store, fingerprint: str) -> str | None:
-    """When the snapshot was last opened for reading, to the hour (ISO 8601, UTC), if ever."""
-    _, names = _newest(store, fingerprint)
+def last_read(store: Store, fingerprint: str, names: list[str] | None = None) -> str | None:
+    """When the snapshot was last opened for reading, to the hour (ISO 8601, UTC), if ever;
+    ``names`` as for :func:`live_pins`."""
+    names = list_pins(store, fingerprint) if names is None else names
     hours = sorted(m.group(1) for n in names if (m := _READ.fullmatch(n)))
     if not hours:
         return None
