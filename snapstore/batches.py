@@ -75,6 +75,7 @@ class BatchReader:
         num_workers: int = 1,
         prefetch_bytes: int = 64 << 20,
         max_requests: int | None = None,
+        decode_threads: int | None = None,
         ragged: str = "list",
     ) -> None:
         if isinstance(batch_size, bool) or operator.index(batch_size) < 1:
@@ -98,6 +99,7 @@ class BatchReader:
         self.ragged = ragged
         self.prefetch_bytes = prefetch_bytes
         self.max_requests = max_requests
+        self.decode_threads = decode_threads
         self._place = {"rank": rank, "world_size": world_size}
         self._place |= {"worker": worker, "num_workers": num_workers}
         self.plan = self._plan(epoch)
@@ -247,6 +249,7 @@ class BatchReader:
             self.plan.chunks(start),
             budget_bytes=self.prefetch_bytes,
             max_requests=self.max_requests,
+            decode_threads=self.decode_threads,
         )
         return self._batches(self._prefetcher)
 

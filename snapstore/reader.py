@@ -229,6 +229,7 @@ class SnapshotReader:
         budget_bytes: int = 64 << 20,
         max_requests: int | None = None,
         fetch: Fetch | None = None,
+        decode_threads: int | None = None,
     ) -> Prefetcher:
         """Start fetching and decoding the blocks of ``chunks`` ahead of use (see
         :class:`snapstore.prefetch.Prefetcher`); iterate the result for ``(indices, blocks)``.
@@ -247,10 +248,16 @@ class SnapshotReader:
         fetch : callable, optional
             ``fetch(path, start, length)`` to use instead of the store's range read (to inject
             latency or faults, or to route reads elsewhere); paths are relative to the store.
+        decode_threads : int, optional
+            Threads that check, decompress and decode blocks; default the reader's
+            ``decode_threads``.
         """
         local = self.store.local
+        threads = self.decode_threads if decode_threads is None else decode_threads
+        if threads < 1:
+            raise ValueError(f"decode_threads: expected an int >= 1, found {threads}")
         if max_requests is None:
-            max_requests = 2 * self.decode_threads if local else _MAX_REMOTE_REQUESTS
+            max_requests = 2 * threads if local else _MAX_REMOTE_REQUESTS
         if max_requests < 1:
             raise ValueError(f"max_requests: expected an int >= 1, found {max_requests}")
         return Prefetcher(
@@ -263,7 +270,7 @@ class SnapshotReader:
             budget_bytes=budget_bytes,
             max_requests=max_requests,
             initial_requests=max_requests,
-            decode_threads=self.decode_threads,
+            decode_threads=threads,
             local=local,
             max_request_bytes=8 << 20 if self.store.coalesce else 0,
         )

@@ -172,6 +172,7 @@ class Snapshot:
         window_blocks: int | None = None,
         prefetch_bytes: int | None = None,
         max_requests: int | None = None,
+        decode_threads: int | None = None,
         ragged: str = "list",
     ) -> BatchReader:
         """Batches of this consumer's share of one epoch, as dicts of numpy arrays.
@@ -207,6 +208,9 @@ class Snapshot:
         max_requests : int, optional
             Cap on byte-range requests in flight (the reader adapts below it); default 128 for
             remote stores, twice the decode threads for local ones.
+        decode_threads : int, optional
+            Threads that decompress and decode blocks: default min(4, CPUs). One is enough
+            where other processes share the cores (DataLoader workers use one by default).
         ragged : {"list", "pad"}
             Varying-shape array fields as lists of arrays, or zero-padded with their true
             shapes in ``<name>_lengths``.
@@ -237,6 +241,7 @@ class Snapshot:
             num_workers=num_workers,
             prefetch_bytes=prefetch_bytes,
             max_requests=max_requests,
+            decode_threads=decode_threads,
             ragged=ragged,
         )
         self._batch_readers.add(batches)

@@ -18,6 +18,7 @@ fingerprint) and open the snapshot lazily in the process that reads, so they wor
 from __future__ import annotations
 
 import operator
+import os
 from collections.abc import Iterator, Mapping
 from typing import Any
 
@@ -117,6 +118,11 @@ class _Location:
         return {"fingerprint": self.fingerprint, "root": self.root, "opened": None}
 
 
+def _cpus() -> int:
+    """CPUs this process may run on."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+
+
 def _place(rank: int | None, world_size: int | None) -> tuple[int, int]:
     """This process's (rank, world_size): torch.distributed's, else the arguments, else (0, 1)."""
     if (rank is None) != (world_size is None):
@@ -162,7 +168,10 @@ class SnapshotIterableDataset(IterableDataset[dict[str, Any]]):
         initialized, otherwise 0 of 1.
     **batches_options
         Further arguments of :meth:`snapstore.Snapshot.batches` (``window_bytes``,
-        ``prefetch_bytes``, ``ragged``...). The reader memory bound applies per worker.
+        ``prefetch_bytes``, ``decode_threads``, ``ragged``...). The reader memory bound applies
+        per worker. Inside DataLoader workers ``decode_threads`` defaults to the worker's share
+        of the CPUs (at least 1, at most 4), so decoding does not steal the cores the workers'
+        transforms run on.
 
     Notes
     -----
@@ -226,13 +235,18 @@ class SnapshotIterableDataset(IterableDataset[dict[str, Any]]):
 
     def _make_reader(self, epoch: int, worker: int, num_workers: int) -> BatchReader:
         snap = self._location.open()
+        options = dict(self._options)
+        if get_worker_info() is not None and options.get("decode_threads") is None:
+            # The workers share the cores with each other and with the training process:
+            # decode threads beyond a worker's share of them only steal time from its transform.
+            options["decode_threads"] = max(1, min(4, _cpus() // num_workers))
         return snap.batches(
             epoch=epoch,
             rank=self.rank,
             world_size=self.world_size,
             worker=worker,
             num_workers=num_workers,
-            **self._options,
+            **options,
         )
 
     def __iter__(self) -> Iterator[dict[str, Any]]:

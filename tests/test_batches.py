@@ -109,6 +109,19 @@ def test_bad_arguments(snap) -> None:
         snap.batches(8, prefetch_bytes=0)
     with pytest.raises(ValueError, match="max_requests: expected an int >= 1, found 0"):
         iter(snap.batches(8, max_requests=0))
+    with pytest.raises(ValueError, match="decode_threads: expected an int >= 1, found 0"):
+        iter(snap.batches(8, decode_threads=0))
+
+
+def test_decode_threads_change_nothing_but_threads(snap) -> None:
+    one = snap.batches(64, shuffle=True, decode_threads=1)
+    batches = [next(iterator := iter(one))]
+    assert one._prefetcher is not None
+    assert one._prefetcher._decoders._max_workers == 1
+    batches += list(iterator)
+    expected = list(snap.batches(64, shuffle=True, decode_threads=3))
+    for a, b in zip(batches, expected, strict=True):
+        np.testing.assert_array_equal(a["id"], b["id"])
 
 
 def test_workers_and_ranks_split_evenly(snap) -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import collections
 import json
+import os
 import pickle
 import subprocess
 import sys
@@ -118,6 +119,26 @@ def test_spawn(snap: snapstore.Snapshot) -> None:
     ds = SnapshotIterableDataset(snap, batch_size=4)
     spawned = DataLoader(ds, batch_size=None, num_workers=2, multiprocessing_context="spawn")
     assert ids(spawned) == ids(DataLoader(ds, batch_size=None, num_workers=2))
+
+
+class DecodeThreads(SnapshotIterableDataset):
+    """Yields how many decode threads the reader in this worker was given."""
+
+    def __iter__(self) -> Any:
+        super().__iter__().close()
+        assert self._reader is not None
+        yield {"threads": self._reader.decode_threads, "cpus": len(os.sched_getaffinity(0))}
+
+
+def test_workers_decode_on_their_share_of_the_cpus(snap: snapstore.Snapshot) -> None:
+    ds = DecodeThreads(snap, batch_size=4)
+    main = next(iter(ds))
+    assert main["threads"] is None  # this process: the reader's default, min(4, CPUs)
+    for item in DataLoader(ds, batch_size=None, num_workers=2):
+        assert int(item["threads"]) == max(1, min(4, int(item["cpus"]) // 2))
+    explicit = DecodeThreads(snap, batch_size=4, decode_threads=3)
+    for item in DataLoader(explicit, batch_size=None, num_workers=2):
+        assert int(item["threads"]) == 3
 
 
 def test_pin_memory(snap: snapstore.Snapshot) -> None:
