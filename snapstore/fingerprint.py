@@ -72,6 +72,7 @@ __all__ = [
     "FINGERPRINT_SCHEME",
     "Fingerprint",
     "diff_parts",
+    "fingerprint_key",
     "fingerprint_stage",
     "hash_code",
     "hash_value",
@@ -795,3 +796,69 @@ def diff_parts(a: Fingerprint, b: Fingerprint) -> list[str]:
         else:
             out.append(f"part {part!r} changed")
     return out
+
+
+def fingerprint_key(
+    name: str, key: Any, *, version: str | None = None, format_version: int | None = None
+) -> Fingerprint:
+    """The fingerprint of data that no Python stage function produces (a Ray Data pipeline, an
+    external job): identified by a ``name`` and a ``key`` the caller vouches for.
+
+    The parts are those of :func:`fingerprint_stage`, with ``code`` the hash of ``name`` and
+    ``arguments`` the hash of ``key``; ``inputs`` and ``upstream`` hash an empty mapping. Same
+    name, key, version and format version give the same fingerprint in every process.
+
+    Parameters
+    ----------
+    name : str
+        What the data is (recorded as the stage name), e.g. ``"tokenized"``.
+    key : object
+        Plain data identifying the exact contents (source paths and their versions, settings);
+        anything :func:`hash_value` accepts.
+    version : str, optional
+        The user's version, folded in as its own part.
+    format_version : int, optional
+        The on-disk format version; default :data:`snapstore.format.FORMAT_VERSION`.
+
+    Raises
+    ------
+    FingerprintError
+        If ``key`` cannot be hashed.
+    TypeError
+        If ``name`` is not a non-empty str.
+
+    Examples
+    --------
+    >>> a = fingerprint_key("tokens", {"src": "gs://b/raw", "max_len": 512})
+    >>> a == fingerprint_key("tokens", {"max_len": 512, "src": "gs://b/raw"})
+    True
+    """
+    if not isinstance(name, str) or not name:
+        raise TypeError(f"name: expected a non-empty str naming the data, found {name!r}")
+    if format_version is None:
+        from .format import FORMAT_VERSION
+
+        format_version = FORMAT_VERSION
+    parts = {
+        "scheme": hash_value(FINGERPRINT_SCHEME),
+        "code": hash_value(("named data", name), "name"),
+        "arguments": hash_value(key, f"key of {name!r}"),
+        "inputs": hash_value({}, "input digests"),
+        "upstream": hash_value({}, "upstream digests"),
+        "format": hash_value(format_version),
+        "version": hash_value(version),
+    }
+    details: dict[str, Any] = {
+        "stage": name,
+        "code": name,
+        "arguments": {},
+        "argument_values": {"key": _short_repr(key)},
+        "inputs": {},
+        "upstream": {},
+        "ignored": [],
+        "key": "key",
+        "version": version,
+        "format_version": format_version,
+        "scheme": FINGERPRINT_SCHEME,
+    }
+    return Fingerprint(_combine(parts), parts, details)

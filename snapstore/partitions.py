@@ -14,7 +14,7 @@ from __future__ import annotations
 import datetime as dt
 import os
 import socket
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -79,12 +79,18 @@ def write_partition(
 def commit_partitions(
     store: Store,
     fingerprint: str,
-    partitions: int,
+    partitions: int | Sequence[int],
     manifest_extra: Mapping[str, Any] | None = None,
     *,
     schema: Schema | None = None,
 ) -> bool:
-    """Assemble ``partitions`` committed partitions into the snapshot and commit it.
+    """Assemble committed partitions into the snapshot and commit it, in the order given.
+
+    Parameters
+    ----------
+    partitions : int or sequence of int
+        A count ``n`` means partitions ``0 .. n-1``; a sequence names the partition ids (an
+        engine's task indices need not be consecutive).
 
     Raises
     ------
@@ -98,15 +104,18 @@ def commit_partitions(
     bool
         True if this call committed the snapshot, False if another job had already.
     """
+    ids = list(range(partitions)) if isinstance(partitions, int) else [int(p) for p in partitions]
+    if len(set(ids)) != len(ids):
+        raise ValueError(f"partitions: expected distinct partition ids, found {ids}")
     readers = []
-    for p in range(partitions):
+    for p in ids:
         if not partition_done(store, fingerprint, p):
             raise FormatError(
                 f"partition {p} of {fingerprint} under {store.url} is not committed; "
                 "compute it before assembling the snapshot"
             )
         readers.append(SnapshotReader(store, partition_dir(fingerprint, p)))
-    merged = _merged_schema(readers, schema, fingerprint)
+    merged = _merged_schema(readers, ids, schema, fingerprint)
     indexes: list[np.ndarray[Any, Any]] = []
     shards: list[dict[str, Any]] = []
     for reader in readers:
@@ -141,7 +150,8 @@ def commit_partitions(
             "size": len(index_bytes),
             "crc32": fmt.checksum(index_bytes),
         },
-        "partitions": partitions,
+        "partitions": len(ids),
+        **({} if ids == list(range(len(ids))) else {"partition_ids": ids}),
         "write_options": manifests[0].get("write_options", {}) if manifests else {},
     }
     won = publish(store, fingerprint, run, index_bytes, manifest)
@@ -150,11 +160,13 @@ def commit_partitions(
     return won
 
 
-def _merged_schema(readers: list[SnapshotReader], declared: Schema | None, fp: str) -> Schema:
+def _merged_schema(
+    readers: list[SnapshotReader], ids: list[int], declared: Schema | None, fp: str
+) -> Schema:
     if declared is not None:
         return declared
     found: Schema | None = None
-    for p, reader in enumerate(readers):
+    for p, reader in zip(ids, readers):
         if not len(reader):
             continue  # an empty partition inferred nothing
         if found is None:
