@@ -67,7 +67,10 @@ def features(shards: list[tuple[int, int]], log: str = ""):
             x = spectrum_features(seed)
             yield {"x": x.astype(np.float32), "y": np.float32(target(x))}
     if log:
-        line = f"{shards[0][0]} {os.getpid()} {time.perf_counter() - started:.3f}\n"
+        # The job that asked for this partition (the stage itself may run in one of the job's
+        # worker processes: partitions run on all cores by default).
+        job = os.environ.get("SWEEP_JOB_PID", str(os.getpid()))
+        line = f"{shards[0][0]} {job} {time.perf_counter() - started:.3f}\n"
         with open(log, "a") as f:  # one short append per call: atomic on local filesystems
             f.write(line)
 
@@ -97,6 +100,7 @@ def run_job(job: int, samples: int, log: str) -> None:
     """One job of the sweep: materialize the shared stage, then train with its learning rate."""
     lr = LEARNING_RATES[job % len(LEARNING_RATES)]
     pid = str(os.getpid())
+    os.environ["SWEEP_JOB_PID"] = pid  # inherited by the worker processes this job starts
     t0 = time.perf_counter()
     snap = features(shard_list(samples), log=log)
     snap.materialize()

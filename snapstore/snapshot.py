@@ -22,9 +22,11 @@ from . import claims, pins
 from . import format as fmt
 from .batches import BatchReader
 from .catalog import previous_of_stage, stored_fingerprint
+from .engines import Engine, PartitionTask, make_engine
 from .errors import AmbiguousFingerprintError, BusyError, SnapshotNotFoundError, StageError
 from .fingerprint import Fingerprint, diff_parts, fingerprint_stage
-from .partitions import commit_partitions, partition_dir, partition_done, write_partition
+from .parallel import PartitionJob, compute_partitions
+from .partitions import commit_partitions, partition_dir
 from .plan import PlanOptions
 from .reader import SnapshotReader, load_manifest
 from .schema import Schema
@@ -285,6 +287,8 @@ class Stage:
         lease: float = 60.0,
         partition_by: str | None = None,
         partition_size: int = 1,
+        engine: str | Engine | None = None,
+        workers: int | None = None,
     ) -> None:
         if not callable(fn):
             raise TypeError(
@@ -317,6 +321,15 @@ class Stage:
             raise ValueError(f"partition_size: expected an int >= 1, found {partition_size}")
         self.partition_by = partition_by
         self.partition_size = partition_size
+        if (engine is not None or workers is not None) and partition_by is None:
+            raise ValueError(
+                f"engine and workers apply to partitioned stages; {_stage_name(fn)} has no "
+                "partition_by. Add partition_by='<the argument holding the inputs>' to split "
+                "the work into partitions the engine can run in parallel."
+            )
+        make_engine(engine, workers)  # fail here on a bad name
+        self.engine = engine
+        self.workers = workers
         self.clock: claims.Clock = claims.SystemClock()
         self.name = _stage_name(fn)
         functools.update_wrapper(self, fn)
@@ -387,8 +400,8 @@ class Stage:
             self._compute(snap, progress)
         claims.remove_claims(snap.store, snap.fingerprint)  # committed: nobody needs them
 
-    def partitions(self, snap: Snapshot) -> list[Callable[[], Iterable[Mapping[str, Any]]]]:
-        """The stage call split on ``partition_by``: one zero-argument callable per partition."""
+    def partition_calls(self, snap: Snapshot) -> list[tuple[tuple[Any, ...], dict[str, Any]]]:
+        """The stage call split on ``partition_by``: ``(args, kwargs)`` per partition."""
         bound = inspect.signature(self.fn).bind(*snap._args, **snap._kwargs)
         bound.apply_defaults()
         name = self.partition_by
@@ -400,79 +413,39 @@ class Stage:
                 f"found {type(values).__name__}"
             )
         size = self.partition_size
-        calls: list[Callable[[], Iterable[Mapping[str, Any]]]] = []
+        calls = []
         for start in range(0, len(values), size):
             part = bound.arguments.copy()
             part[name] = values[start : start + size]
             piece = inspect.BoundArguments(bound.signature, part)
-            calls.append(functools.partial(self._samples, piece.args, piece.kwargs))
+            calls.append((piece.args, piece.kwargs))
         return calls
 
-    def _samples(
-        self, args: tuple[Any, ...], kwargs: dict[str, Any]
-    ) -> Iterable[Mapping[str, Any]]:
-        samples = self.fn(*args, **kwargs)
-        if not isinstance(samples, Iterable):
-            raise StageError(
-                f"stage {self.name} returned {type(samples).__name__}; expected an iterable of "
-                "sample dicts (write it as a generator that yields dicts)."
-            )
-        return samples
-
     def _write_partitioned(self, snap: Snapshot, progress: ProgressCallback | None) -> None:
-        """Compute the partitions no other live job holds, wait for the others (taking over
-        expired claims), then assemble and commit. Finished partitions are never recomputed."""
+        """Compute the partitions no other live job holds on the engine, wait for the others
+        (taking over expired claims), then assemble and commit. Finished partitions are never
+        recomputed."""
         store, fp = snap.store, snap.fingerprint
-        calls = self.partitions(snap)
-        watched: dict[int, dict[str, Any]] = {p: {"lease": self.lease} for p in range(len(calls))}
-        pending = [p for p in range(len(calls)) if not partition_done(store, fp, p)]
-        while pending and not snap.committed:
-            for p in pending:
-                if partition_done(store, fp, p):
-                    continue
-                where = partition_dir(fp, p)
-                claim, state = claims.acquire(
-                    store, where, lease=self.lease, clock=self.clock, watched=watched[p]
-                )
-                if claim is None:
-                    if self._busy(snap, progress, f"partition {p} of {self.name} ({fp})", state):
-                        return
-                    continue
-                with claim:
-                    if not partition_done(store, fp, p):
-                        self._write_one_partition(snap, p, calls[p], progress)
-            pending = [p for p in pending if not partition_done(store, fp, p)]
-            if pending:
-                self.clock.sleep(min(self.lease / 4, 2.0))
+        calls = self.partition_calls(snap)
+        tasks = [
+            PartitionTask(self.fn, self.name, args, kwargs, store, fp, p, self.schema, self.options)
+            for p, (args, kwargs) in enumerate(calls)
+        ]
+
+        def busy(partition: int, state: claims.ClaimState) -> bool:
+            what = f"partition {partition} of {self.name} ({fp})"
+            return self._busy(snap, progress, what, state)
+
+        job = PartitionJob(
+            store, fp, self.name, tasks, self.lease, self.clock, busy,
+            committed=lambda: snap.committed, progress=progress,
+        )  # fmt: skip
+        if not compute_partitions(job, make_engine(self.engine, self.workers), self.fn):
+            return
         if not snap.committed:
             commit_partitions(store, fp, len(calls), self._manifest_extra(snap), schema=self.schema)
             for p in range(len(calls)):
                 claims.remove_claims(store, partition_dir(fp, p))
-
-    def _write_one_partition(
-        self,
-        snap: Snapshot,
-        partition: int,
-        samples: Callable[[], Iterable[Mapping[str, Any]]],
-        progress: ProgressCallback | None,
-    ) -> None:
-        try:
-            write_partition(
-                snap.store,
-                snap.fingerprint,
-                partition,
-                samples,
-                schema=self.schema,
-                options=self.options,
-                progress=progress,
-            )
-        except BaseException as exc:
-            exc.add_note(
-                f"snapstore: partition {partition} of stage {self.name} failed; nothing was "
-                f"committed for it. Finished partitions of {snap.fingerprint} are kept and a "
-                "rerun computes only the missing ones."
-            )
-            raise
 
     def _manifest_extra(self, snap: Snapshot) -> dict[str, Any]:
         fp = snap._fp
@@ -585,6 +558,14 @@ def snapshot(fn: F | None = None, **settings: Any) -> Stage | Callable[[F], Stag
         pieces one after another. Does not change the fingerprint.
     partition_size : int
         Inputs per partition (default 1).
+    engine : {"process", "thread", "ray", "dask"}, Engine or dask Client, optional
+        Where the partitions of a partitioned stage run (see :mod:`snapstore.engines`). By
+        default a pool of spawned processes, one per usable core, falling back to threads
+        (with a warning) for a stage that cannot be sent to a process. The engine is not part
+        of the fingerprint: any engine writes the same snapshot.
+    workers : int, optional
+        Partitions computed at once by the ``"process"`` or ``"thread"`` engine (default: the
+        usable cores); for Ray and Dask, the partitions kept in flight.
     lease : float
         Seconds a claim lives without a heartbeat (the holder renews it every ``lease / 4``);
         after that a waiting job takes it over. Clocks of the jobs should agree to well within
@@ -617,13 +598,15 @@ def snapshot(fn: F | None = None, **settings: Any) -> Stage | Callable[[F], Stag
         "lease",
         "partition_by",
         "partition_size",
+        "engine",
+        "workers",
     }
     unknown = set(settings) - allowed
     if unknown:
         raise TypeError(
             f"snapshot() got unexpected settings {sorted(unknown)}; expected root, "
             "version, key, ignore, ignore_globals, schema, options, on_busy, lease, "
-            "partition_by or partition_size"
+            "partition_by, partition_size, engine or workers"
         )
     if fn is None:
         return lambda f: Stage(f, **settings)

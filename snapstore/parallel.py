@@ -1,0 +1,216 @@
+"""Computing a partitioned stage's missing partitions on an engine, under claims.
+
+The job that calls the stage keeps everything that makes the snapshot whole: it claims each
+partition before sending it to the engine (and keeps the claim's heartbeat while the task runs,
+so other jobs of a sweep wait for it instead of computing it twice), waits for partitions other
+jobs hold, reports progress, and leaves the commit to its caller. Workers only compute and
+commit single partitions (:func:`snapstore.engines.run_partition`).
+
+On the first failed partition no new partition starts; the ones running finish (and are kept,
+so a rerun skips them), then the failure is raised with the partition it came from. Nothing of
+the snapshot is visible until every partition is committed and the caller commits the whole.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures as cf
+import logging
+from collections.abc import Callable
+from concurrent.futures.process import BrokenProcessPool
+from dataclasses import dataclass, field
+from typing import Any
+
+from . import claims
+from .engines import CannotTravelError, Engine, PartitionTask, ThreadEngine, run_partition
+from .partitions import partition_dir, partition_done
+from .store import Store
+from .writer import ProgressCallback
+
+__all__ = ["PartitionJob", "compute_partitions"]
+
+log = logging.getLogger(__name__)
+
+Busy = Callable[[int, claims.ClaimState], bool]
+"""Called for a partition another live job holds: raise, return True to stop (the caller
+computed the snapshot some other way), or False to wait for it."""
+
+
+@dataclass
+class PartitionJob:
+    """One job's view of a partitioned stage being computed."""
+
+    store: Store
+    fingerprint: str
+    name: str
+    tasks: list[PartitionTask]
+    lease: float
+    clock: claims.Clock
+    busy: Busy
+    committed: Callable[[], bool]
+    progress: ProgressCallback | None = None
+    samples: int = 0
+    stored_bytes: int = 0
+    finished: int = 0
+    watched: dict[int, dict[str, Any]] = field(default_factory=dict)
+
+    def done(self, partition: int) -> bool:
+        return partition_done(self.store, self.fingerprint, partition)
+
+
+def compute_partitions(job: PartitionJob, engine: Engine, stage: Callable[..., Any]) -> bool:
+    """Compute every partition of ``job`` that is not committed yet, on ``engine``.
+
+    Returns
+    -------
+    bool
+        True when every partition is committed (the caller assembles and commits the snapshot);
+        False when ``job.busy`` stopped the job or the snapshot was committed by another job.
+
+    Raises
+    ------
+    Exception
+        The first partition's failure, with a note naming the partition.
+    """
+    pending = [t for t in job.tasks if not job.done(t.partition)]
+    job.finished = len(job.tasks) - len(pending)
+    if not pending:
+        return True
+    pending, engine = _prepare(pending, engine, stage)
+    log.info(
+        "snapstore: %s: %d of %d partitions to compute on engine %r with %d workers",
+        job.name, len(pending), len(job.tasks), engine.name, engine.workers,
+    )  # fmt: skip
+    pool = engine.executor()
+    running: dict[cf.Future[Any], tuple[int, claims.Claim]] = {}
+    clean = False
+    try:
+        stopped = _run(job, engine, pool, pending, running)
+        clean = True
+    finally:
+        for _, claim in running.values():
+            claim.release()
+        pool.shutdown(wait=clean, cancel_futures=True)
+    return not stopped and all(job.done(t.partition) for t in job.tasks)
+
+
+def _prepare(
+    pending: list[PartitionTask], engine: Engine, stage: Callable[..., Any]
+) -> tuple[list[PartitionTask], Engine]:
+    try:
+        return [engine.prepare(t, stage) for t in pending], engine
+    except CannotTravelError as exc:
+        if not getattr(engine, "fallback", False):
+            raise
+        log.warning("snapstore: %s Running the partitions on threads instead.", exc)
+        threads = ThreadEngine(engine.workers)
+        return [threads.prepare(t, stage) for t in pending], threads
+
+
+def _run(
+    job: PartitionJob,
+    engine: Engine,
+    pool: Any,
+    pending: list[PartitionTask],
+    running: dict[cf.Future[Any], tuple[int, claims.Claim]],
+) -> bool:
+    """The scheduling loop; True if ``job.busy`` stopped it."""
+    failure: tuple[int, BaseException] | None = None
+    stopped = False
+    while pending or running:
+        waiting = False
+        if failure is None and not stopped and not job.committed():
+            waiting, stopped = _launch(job, engine, pool, pending, running)
+        else:
+            pending.clear()
+        if not running:
+            if pending:  # every remaining partition is held by another job
+                job.clock.sleep(min(job.lease / 4, 2.0))
+                pending[:] = [t for t in pending if not job.done(t.partition)]
+            continue
+        timeout = min(job.lease / 4, 2.0) if waiting else None
+        finished, _ = cf.wait(running, timeout=timeout, return_when=cf.FIRST_COMPLETED)
+        for future in finished:
+            partition, claim = running.pop(future)
+            claim.release()
+            try:
+                _report(job, future.result())
+            except BaseException as exc:
+                if failure is None:
+                    failure = (partition, exc)  # raised once the running ones finish
+                else:
+                    log.warning(
+                        "snapstore: %s: partition %d failed too: %r", job.name, partition, exc
+                    )
+    if failure is not None:
+        _raise(job, *failure)
+    return stopped
+
+
+def _launch(
+    job: PartitionJob,
+    engine: Engine,
+    pool: Any,
+    pending: list[PartitionTask],
+    running: dict[cf.Future[Any], tuple[int, claims.Claim]],
+) -> tuple[bool, bool]:
+    """Send pending partitions this job can claim, up to ``engine.workers`` in flight.
+
+    Returns (whether some partition waits for another job, whether ``job.busy`` stopped us).
+    """
+    waiting = False
+    for task in list(pending):
+        if len(running) >= engine.workers:
+            break
+        p = task.partition
+        if job.done(p):
+            pending.remove(task)
+            continue
+        claim, state = claims.acquire(
+            job.store,
+            partition_dir(job.fingerprint, p),
+            lease=job.lease,
+            clock=job.clock,
+            watched=job.watched.setdefault(p, {"lease": job.lease}),
+        )
+        if claim is None:
+            if job.busy(p, state):
+                pending.clear()
+                return False, True
+            waiting = True
+            continue
+        claim.start_heartbeat()
+        try:
+            future = pool.submit(run_partition, task)
+        except BaseException:
+            claim.release()
+            raise
+        running[future] = (p, claim)
+        pending.remove(task)
+    return waiting, False
+
+
+def _report(job: PartitionJob, result: Any) -> None:
+    job.finished += 1
+    job.samples += result.samples
+    job.stored_bytes += result.stored_bytes
+    log.info(
+        "snapstore: %s: partition %d done (%d samples in %.1f s on %s pid %d); %d of %d",
+        job.name, result.partition, result.samples, result.seconds, result.host, result.pid,
+        job.finished, len(job.tasks),
+    )  # fmt: skip
+    if job.progress is not None:
+        job.progress(job.samples, job.stored_bytes)
+
+
+def _raise(job: PartitionJob, partition: int, exc: BaseException) -> None:
+    what = (
+        "its worker process died (killed, out of memory, or crashed in native code)"
+        if isinstance(exc, BrokenProcessPool)
+        else "it raised"
+    )
+    exc.add_note(
+        f"snapstore: partition {partition} of stage {job.name} failed: {what}. Nothing was "
+        f"committed for it and {job.fingerprint} is not committed. The {job.finished} finished "
+        "partitions are kept; a rerun computes only the missing ones."
+    )
+    raise exc
