@@ -287,3 +287,26 @@ def test_read_snapshot_round_trip(tmp_path: Path) -> None:
     assert read_snapshot(fp[:10], tmp_path).count() == N
     with pytest.raises(SnapshotNotFoundError):
         read_snapshot("0" * 32, tmp_path)
+
+
+def squares(items: list[int], marker: str = ""):
+    """A partitioned stage; item 3 fails the first time it runs when ``marker`` is given."""
+    for item in items:
+        if item == 3 and marker and not os.path.exists(marker):
+            Path(marker).touch()
+            raise OSError("transient failure of item 3")
+        for i in range(4):
+            yield {"item": item, "i": i, "v": np.full(8, item * i, np.int64)}
+
+
+def test_ray_engine_writes_what_one_process_writes(tmp_path: Path) -> None:
+    marker = tmp_path / "failed-once"
+    on_ray = snapstore.snapshot(
+        squares, root=tmp_path / "a", partition_by="items", engine="ray", ignore=("marker",)
+    )(list(range(6)), marker=str(marker))
+    plain = snapstore.snapshot(squares, root=tmp_path / "b", ignore=("marker",))(list(range(6)))
+    with on_ray, plain:
+        assert on_ray.fingerprint == plain.fingerprint  # the engine is not part of the identity
+        assert_same_samples(list(on_ray), list(plain))  # item 3's retry wrote it once
+        assert on_ray.manifest["partitions"] == 6
+    assert marker.exists()
