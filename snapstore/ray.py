@@ -528,7 +528,9 @@ class SnapshotDatasource(Datasource):
                 input_files=None,
             )
             read = functools.partial(_read_blocks, self._where, self._fingerprint, start, stop)
-            out.append(ReadTask(read, meta, per_task_row_limit=per_task_row_limit))
+            # per_task_row_limit only when Ray passed one: older Rays' ReadTask lacks it.
+            limit = {} if per_task_row_limit is None else {"per_task_row_limit": per_task_row_limit}
+            out.append(ReadTask(read, meta, **limit))
         return out
 
 
