@@ -63,6 +63,7 @@ __all__ = [
     "SnapshotDatasink",
     "SnapshotDatasource",
     "SnapshotExistsError",
+    "block_samples",
     "read_snapshot",
     "write_snapshot",
 ]
