@@ -70,3 +70,17 @@ def test_torch_training(tmp_path: Path) -> None:
     assert "samples/s" in done.stdout and "loss" in done.stdout
     assert "checkpoint at step 6" in done.stdout
     assert "resumed at batch 6: next batch ids match" in done.stdout
+
+
+def test_ray_materialize() -> None:
+    pytest.importorskip("ray", reason="Ray is not installed: pip install 'snapstore[ray]'")
+    cmd = [sys.executable, str(EXAMPLES / "ray_materialize.py"), "--seeds", "100", "--rows", "800"]
+    run = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr[-3000:]
+    out = run.stdout
+    assert "engine='ray': 100 samples in 4 partitions" in out, out
+    assert "same fingerprint and samples as a local write: True" in out, out
+    assert "second call: committed already" in out and "(True)" in out, out
+    assert "800 rows in 4 partitions" in out, out
+    assert "read back as a Ray Dataset: 800 rows, columns ['id', 'tokens']" in out, out
+    assert "second write_snapshot: committed already" in out, out
