@@ -12,7 +12,8 @@ from typing import Any
 from . import format as fmt
 from .claims import inspect_claim
 from .errors import BusyError, FormatError
-from .fingerprint import Fingerprint, diff_parts
+from .explain import diff_parts
+from .fingerprint import Fingerprint
 from .pins import last_read, list_pins, live_pins
 from .reader import load_manifest
 from .store import Store

@@ -24,7 +24,8 @@ from .batches import BatchReader
 from .catalog import previous_of_stage, stored_fingerprint
 from .engines import Engine, PartitionTask, make_engine
 from .errors import AmbiguousFingerprintError, BusyError, SnapshotNotFoundError, StageError
-from .fingerprint import Fingerprint, diff_parts, fingerprint_stage
+from .explain import diff_parts
+from .fingerprint import Fingerprint, fingerprint_stage
 from .parallel import PartitionJob, compute_partitions
 from .partitions import commit_partitions, partition_dir
 from .plan import PlanOptions
