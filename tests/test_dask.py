@@ -4,11 +4,9 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import subprocess
 import sys
 import textwrap
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -19,6 +17,8 @@ import pytest
 distributed = pytest.importorskip(
     "distributed", reason="dask.distributed is not installed: pip install 'snapstore[dask]'"
 )
+
+from killjob import kill_mid_way, left_behind, started  # noqa: E402
 
 import snapstore  # noqa: E402
 from snapstore.engines import DaskEngine  # noqa: E402
@@ -137,20 +137,10 @@ def test_a_killed_job_leaves_nothing_visible_and_the_rerun_completes(tmp_path: P
     job = tmp_path / "job.py"
     job.write_text(textwrap.dedent(JOB))
     cmd = [sys.executable, str(job), str(root), str(log)]
-    proc = subprocess.Popen(
-        cmd, env={**os.environ, "SLOW": "0.5"}, start_new_session=True,
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-    )  # fmt: skip
-    deadline = time.time() + 90
-    while (not log.exists() or len(log.read_text().split()) < 3) and time.time() < deadline:
-        time.sleep(0.02)
-    os.killpg(proc.pid, signal.SIGKILL)  # the job, its scheduler and its workers
-    proc.wait(timeout=30)
-    first = {int(x) for x in log.read_text().split()}
-    (fp,) = [p for p in root.iterdir() if len(p.name) == 32]
-    assert not (fp / "COMMIT").exists()
-    done = {p for p in range(8) if (fp / "parts" / f"{p:06d}" / "COMMIT").exists()}
-    assert done <= first and len(done) < 8
+    kill_mid_way(cmd, log, lines=3, env={"SLOW": "0.5"})  # with its scheduler and workers
+    first = started(log)
+    done = left_behind(root, 8)
+    assert done <= first
     log.unlink()
     run = subprocess.run(cmd, capture_output=True, text=True, timeout=180)
     assert run.returncode == 0, run.stderr

@@ -10,18 +10,17 @@ import json
 import logging
 import os
 import shutil
-import signal
 import subprocess
 import sys
 import textwrap
 import threading
-import time
 from concurrent.futures.process import BrokenProcessPool
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
+from killjob import kill_mid_way, left_behind, started
 
 import snapstore
 from snapstore.engines import (
@@ -243,25 +242,9 @@ def test_a_killed_job_leaves_nothing_visible_and_the_rerun_computes_the_rest(
 ) -> None:
     root, log = tmp_path / "root", tmp_path / "log"
     job = script(tmp_path, GUARDED)
-    proc = subprocess.Popen(
-        [sys.executable, str(job), str(root), str(log)],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        env={**os.environ, "SLOW": "0.3"},
-        start_new_session=True,  # its own process group: the job and its workers die together
-    )
-    deadline = time.time() + 60
-    while len(logged(log)) < 3 and time.time() < deadline:
-        time.sleep(0.02)
-    os.killpg(proc.pid, signal.SIGKILL)
-    proc.wait(timeout=30)
-    first = {item for item, _ in logged(log)}
-    assert 3 <= len(first) < 8
-    fingerprints = [p.name for p in root.iterdir() if len(p.name) == 32]
-    assert len(fingerprints) == 1 and not (root / fingerprints[0] / "COMMIT").exists()
-    done = {
-        p for p in range(8) if (root / fingerprints[0] / "parts" / f"{p:06d}" / "COMMIT").exists()
-    }
+    kill_mid_way([sys.executable, str(job), str(root), str(log)], log, lines=3, env={"SLOW": "0.3"})
+    first = started(log)
+    done = left_behind(root, 8)
     assert done <= first  # committed partitions are ones the killed job computed
     log.unlink()
     run = subprocess.run(

@@ -4,14 +4,13 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import subprocess
 import sys
 import textwrap
-import time
 from pathlib import Path
 
 import pytest
+from killjob import kill_mid_way, left_behind, started
 
 pytest.importorskip("ray", reason="Ray is not installed: pip install 'snapstore[ray]'")
 
@@ -42,35 +41,16 @@ def test_a_killed_ray_job_leaves_nothing_visible_and_the_rerun_completes(tmp_pat
     job = tmp_path / "job.py"
     job.write_text(textwrap.dedent(JOB))
     cmd = [sys.executable, str(job), str(root), str(log)]
-    env = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0"}
-    proc = subprocess.Popen(
-        cmd, env={**env, "SLOW": "1.0"}, start_new_session=True,
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-    )  # fmt: skip
-    deadline = time.time() + 120
-    while (not log.exists() or len(log.read_text().split()) < 3) and time.time() < deadline:
-        time.sleep(0.02)
-    os.killpg(proc.pid, signal.SIGKILL)  # the driver and the Ray processes it started
-    proc.wait(timeout=30)
-    (fp,) = [p for p in root.iterdir() if len(p.name) == 32]
-    assert not (fp / "COMMIT").exists()
-
-    def committed() -> set[int]:
-        return {p for p in range(8) if (fp / "parts" / f"{p:06d}" / "COMMIT").exists()}
-
-    # Ray's worker processes are not in the driver's process group: a task that was running
-    # may still finish and commit its partition (harmless: the rerun then skips it). Wait
-    # until the committed set has been still for 3 s (a partition takes 1 s).
-    done, still = committed(), time.monotonic()
-    while time.monotonic() - still < 3 and time.time() < deadline + 60:
-        time.sleep(0.1)
-        if committed() != done:
-            done, still = committed(), time.monotonic()
-    first = {int(x) for x in log.read_text().split()}
-    assert done <= first and len(done) < 8
-    assert not (fp / "COMMIT").exists()
+    env = {"RAY_USAGE_STATS_ENABLED": "0"}
+    kill_mid_way(cmd, log, lines=3, env={**env, "SLOW": "1.0"})  # the driver and its local Ray
+    # Ray's worker processes are not in the driver's process group: a task that was running may
+    # still finish and commit its partition (harmless: the rerun skips it).
+    done = left_behind(root, 8, settle=3.0)
+    assert done <= started(log)
     log.unlink()
-    run = subprocess.run(cmd, capture_output=True, text=True, timeout=240, env=env)
+    run = subprocess.run(
+        cmd, capture_output=True, text=True, timeout=240, env={**os.environ, **env}
+    )
     assert run.returncode == 0, run.stderr[-3000:]
     assert json.loads(run.stdout.strip().splitlines()[-1]) == list(range(8))
     assert {int(x) for x in log.read_text().split()} == set(range(8)) - done

@@ -1,0 +1,59 @@
+"""Kill a job that computes a partitioned stage mid-way, and check what it left behind.
+
+Shared by the engine tests (processes, Dask, Ray): the job runs in its own process group (its
+workers, scheduler or local cluster with it), writes one line per item it starts to ``log``, and
+is killed with SIGKILL once ``lines`` items have started.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+
+def started(log: Path) -> set[int]:
+    """The items the job's stage started (first field of each line of ``log``)."""
+    if not log.exists():
+        return set()
+    return {int(line.split()[0]) for line in log.read_text().splitlines() if line.strip()}
+
+
+def kill_mid_way(
+    cmd: list[str], log: Path, *, lines: int, env: dict[str, str], timeout: float = 120.0
+) -> None:
+    """Start ``cmd`` in a new session and SIGKILL its whole group once ``lines`` items started."""
+    proc = subprocess.Popen(
+        cmd, env={**os.environ, **env}, start_new_session=True,
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+    )  # fmt: skip
+    deadline = time.time() + timeout
+    while len(started(log)) < lines and time.time() < deadline and proc.poll() is None:
+        time.sleep(0.02)
+    assert proc.poll() is None, f"the job ended before it was killed: {proc.communicate()}"
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait(timeout=30)
+
+
+def left_behind(root: Path, partitions: int, settle: float = 0.0) -> set[int]:
+    """Assert nothing is visible under ``root``; return the partitions committed.
+
+    ``settle``: wait until the committed set has not changed for this many seconds, for
+    engines whose workers outlive the killed job (Ray's are not in its process group) and may
+    still commit the partition they were computing.
+    """
+    (fp,) = [p for p in root.iterdir() if len(p.name) == 32]
+
+    def committed() -> set[int]:
+        return {p for p in range(partitions) if (fp / "parts" / f"{p:06d}" / "COMMIT").exists()}
+
+    done, still = committed(), time.monotonic()
+    while time.monotonic() - still < settle:
+        time.sleep(0.1)
+        if committed() != done:
+            done, still = committed(), time.monotonic()
+    assert not (fp / "COMMIT").exists(), "a killed job's snapshot is visible"
+    assert len(done) < partitions
+    return done
