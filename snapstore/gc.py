@@ -7,14 +7,25 @@ What is garbage, per fingerprint directory:
   time) and no live claim is held on the fingerprint (a live claim's holder may be writing it);
 - the **claims** of a committed fingerprint, or of an uncommitted one whose claim has expired or
   was released (see :mod:`snapstore.claims`);
-- the fingerprint directory itself once nothing else is left in it.
+- the **pins** of readers that are gone (see :mod:`snapstore.pins`);
+- a **partition** (``<fp>/parts/<p>``) that no shard of the committed manifest points into (a
+  Ray Data job's that lost the commit race and crashed before removing its partitions), once
+  its newest run is older than ``min_age``;
+- under an uncommitted fingerprint, a **partition** of a Ray Data write job (id ``>= 10**6``:
+  :class:`snapstore.ray.SnapshotDatasink` numbers them ``job * 10**6 + task``, and no other job
+  ever reuses them) once its newest run is older than ``min_age`` and no live claim is held on
+  the fingerprint (a running datasink job holds one);
+- an empty ``parts`` directory, and the fingerprint directory itself once nothing else is left
+  in it.
 
-The same rules apply to each partition of a partitioned stage (``<fp>/parts/<p>``, a small
-snapshot of its own with runs, claims and a commit record).
+The rules for runs and claims also apply inside each partition that is kept (a partition is a
+small snapshot of its own with runs, claims and a commit record).
 
-Never garbage: a commit record, the run it names, anything under a fingerprint whose commit
-record cannot be read (``snapstore verify`` reports those; ``snapstore rm`` removes them), and
-anything of a fingerprint with a live claim other than its committed snapshot's claims.
+Never garbage: a commit record, the run it names, a partition the committed manifest uses, a
+partition ``0 .. 10**6 - 1`` of an uncommitted fingerprint (a partitioned stage's: a rerun
+resumes from it, however old), anything under a fingerprint whose commit record or manifest
+cannot be read (``snapstore verify`` reports those; ``snapstore rm`` removes them), and anything
+of a fingerprint with a live claim other than its committed snapshot's claims.
 """
 
 from __future__ import annotations
@@ -27,8 +38,9 @@ from typing import Any
 from . import format as fmt
 from .claims import CLAIMS_DIR, inspect_claim
 from .errors import FormatError
-from .partitions import PARTS_DIR
+from .partitions import PARTS_DIR, partition_dir
 from .pins import PIN_NAME, PINS_DIR, list_pins, live_pins
+from .reader import load_manifest
 from .store import Store
 
 __all__ = ["Garbage", "Policy", "collect_garbage", "find_garbage", "select_snapshots"]
@@ -37,7 +49,8 @@ __all__ = ["Garbage", "Policy", "collect_garbage", "find_garbage", "select_snaps
 @dataclass(frozen=True)
 class Garbage:
     """One removable thing: ``path`` relative to the store root, its ``kind`` (``run``,
-    ``claims`` or ``directory``), why it is garbage, and its size in bytes."""
+    ``claims``, ``pin``, ``partition`` or ``directory``), why it is garbage, and its size in
+    bytes."""
 
     path: str
     kind: str
@@ -78,18 +91,100 @@ def find_garbage(
     found: list[Garbage] = []
     for fingerprint in store.list_dir(""):
         if fmt.is_plain_name(fingerprint) and store.is_dir(fingerprint):
-            for part in store.list_dir(f"{fingerprint}/{PARTS_DIR}"):
-                if fmt.is_plain_name(part):
-                    path = f"{fingerprint}/{PARTS_DIR}/{part}"
-                    found.extend(_fingerprint_garbage(store, path, min_age, now))
-            found.extend(_fingerprint_garbage(store, fingerprint, min_age, now))
+            parts, parts_left = _parts_garbage(store, fingerprint, min_age, now)
+            found.extend(parts)
+            found.extend(_fingerprint_garbage(store, fingerprint, min_age, now, parts_left))
     return found
 
 
 _OURS = {fmt.COMMIT_NAME, "runs", CLAIMS_DIR, PARTS_DIR, PINS_DIR}
 
+# Partition ids from here on are Ray Data write jobs' (snapstore.ray: job * 10**6 + task index,
+# job >= 1): private to the job that wrote them. Ids below are a partitioned stage's 0 .. P-1.
+_FIRST_JOB_PARTITION = 10**6
 
-def _fingerprint_garbage(store: Store, fp: str, min_age: float, now: float) -> list[Garbage]:
+
+def _parts_garbage(store: Store, fp: str, min_age: float, now: float) -> tuple[list[Garbage], bool]:
+    """Garbage under ``<fp>/parts``, and whether anything is left there afterwards."""
+    names = store.list_dir(f"{fp}/{PARTS_DIR}")
+    if not names:
+        return [], False
+    used: set[str] | None = None
+    if store.exists(f"{fp}/{fmt.COMMIT_NAME}"):
+        try:
+            manifest = load_manifest(store, fp)
+        except (FormatError, FileNotFoundError):
+            return [], True  # damaged: for verify and rm, never for gc
+        used = _used_partitions(manifest)
+    live = used is None and not inspect_claim(store, fp).expired(now)
+    found: list[Garbage] = []
+    left = False
+    for name in names:
+        path = f"{fp}/{PARTS_DIR}/{name}"
+        if not fmt.is_plain_name(name):
+            left = True
+            continue
+        why = _partition_reason(store, path, name, used, live, min_age, now)
+        if why is not None:
+            found.append(Garbage(path, "partition", why, store.disk_usage(path)))
+        elif live and _job_partition(name):
+            left = True  # a running Ray Data job's: its claim covers everything in it
+        else:
+            inner = _fingerprint_garbage(store, path, min_age, now)
+            found.extend(inner)
+            left = left or all(g.path != path for g in inner)
+    return found, left
+
+
+def _used_partitions(manifest: dict[str, Any]) -> set[str]:
+    """The partitions a committed manifest uses: those its shards point into, and those it
+    names (an empty partition has no shard but is still part of the snapshot)."""
+    dirs = [str(s.get("dir", "")).split("/") for s in manifest.get("shards", [])]
+    used = {d[1] for d in dirs if len(d) > 1 and d[0] == PARTS_DIR}
+    ids = manifest.get("partition_ids", range(int(manifest.get("partitions", 0))))
+    used.update(partition_dir("", int(p)).rsplit("/", 1)[-1] for p in ids)
+    return used
+
+
+def _job_partition(name: str) -> bool:
+    return name.isdigit() and int(name) >= _FIRST_JOB_PARTITION
+
+
+def _partition_reason(
+    store: Store, path: str, name: str, used: set[str] | None, live: bool, min_age: float,
+    now: float,
+) -> str | None:  # fmt: skip
+    """Why the whole partition at ``path`` is garbage, or None if it is not."""
+    if used is not None:
+        if name in used:
+            return None
+        why = "a partition the committed snapshot does not use (a job that lost the commit race)"
+    elif live or not _job_partition(name):
+        return None  # a partitioned stage's (a rerun resumes from it), or a running job's
+    else:
+        why = "a partition of a Ray Data write job that is gone (uncommitted, claim expired)"
+    started = _partition_started(store, path)
+    if started is None or now - started < min_age:
+        return None
+    return why
+
+
+def _partition_started(store: Store, path: str) -> float | None:
+    """When the newest run of a partition started (its committed run's included), or None if
+    no run name tells or its commit record is unreadable."""
+    if store.exists(f"{path}/{fmt.COMMIT_NAME}"):
+        try:
+            data = store.read_bytes(f"{path}/{fmt.COMMIT_NAME}")
+            fmt.CommitRecord.from_bytes(data, store.join(path))
+        except (FormatError, FileNotFoundError):
+            return None  # damaged: for verify and rm, never for gc
+    times = [t for run in store.list_dir(f"{path}/runs") if (t := _run_started(run)) is not None]
+    return max(times, default=None)
+
+
+def _fingerprint_garbage(
+    store: Store, fp: str, min_age: float, now: float, parts_left: bool = False
+) -> list[Garbage]:
     if not _OURS & set(store.list_dir(fp)):
         return []  # not a snapshot directory (someone's notes/): not ours to judge
     committed_run: str | None = None
@@ -129,12 +224,16 @@ def _fingerprint_garbage(store: Store, fp: str, min_age: float, now: float) -> l
         path = f"{fp}/{CLAIMS_DIR}"
         found.append(Garbage(path, "claims", why, store.disk_usage(path)))
     removed = {g.path for g in found}
-    left = [n for n in store.list_dir(fp) if n not in ("runs", CLAIMS_DIR, PINS_DIR)]
+    names = store.list_dir(fp)
+    left = [n for n in names if n not in ("runs", CLAIMS_DIR, PINS_DIR, PARTS_DIR)]
     left += [PINS_DIR] if pinned else []
+    left += [PARTS_DIR] if parts_left else []
     left += [f"runs/{r}" for r in runs if f"{fp}/runs/{r}" not in removed]
     left += [CLAIMS_DIR] if claims and f"{fp}/{CLAIMS_DIR}" not in removed else []
     if not left and committed_run is None:
         found.append(Garbage(fp, "directory", "nothing left in it", 0))
+    elif PARTS_DIR in names and not parts_left:
+        found.append(Garbage(f"{fp}/{PARTS_DIR}", "directory", "nothing left in it", 0))
     return found
 
 

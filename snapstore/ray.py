@@ -20,6 +20,18 @@ either becomes the partition or is discarded: no row is ever written twice. Part
 ``job * 10**6 + task index`` with ``job`` a random number per datasink, so partitions left by
 another job (a concurrent one, or one that failed) are never mixed into this job's snapshot,
 however differently that job split the rows into tasks.
+
+How a running write is kept from gc. The driver claims the fingerprint in
+:meth:`SnapshotDatasink.on_write_start` and renews the claim on a heartbeat thread until the
+write completes or fails (then it releases the claim, and removes the fingerprint's claims once
+the snapshot is committed). :func:`snapstore.gc.find_garbage` leaves everything of an
+uncommitted fingerprint with a live claim alone, and takes a datasink job's partitions only
+when they are older than its ``min_age`` and no live claim is held. If another live job holds
+the claim (two jobs writing the same data), this job writes anyway, without a claim: its
+partitions are its own and the commit is create-if-absent, so the worst case is computing
+twice. The other job's claim protects both while it lives; should that job end first without
+committing, this job's partitions older than gc's ``min_age`` (an hour by default) are exposed,
+and a gc run at that moment can make this job's assembly fail.
 """
 
 from __future__ import annotations
@@ -46,6 +58,7 @@ except ImportError as exc:  # pragma: no cover - depends on the environment
         f"snapstore.ray needs Ray Data ({exc}); install it with: pip install 'snapstore[ray]'"
     ) from exc
 
+from . import claims
 from . import format as fmt
 from .columns import BlockColumns
 from .errors import SchemaError, SnapstoreError
@@ -162,6 +175,9 @@ class SnapshotDatasink(Datasink[PartitionWritten]):
         numbers in one task).
     options : WriteOptions, optional
         Block, shard and compression settings.
+    lease : float
+        Seconds the driver's claim on the fingerprint lives without a heartbeat (renewed every
+        ``lease / 4`` while the write runs); as for :func:`snapstore.snapshot`.
     **storage_options
         For :func:`snapstore.open_store`.
 
@@ -198,8 +214,11 @@ class SnapshotDatasink(Datasink[PartitionWritten]):
         version: str | None = None,
         schema: Schema | Mapping[str, Any] | None = None,
         options: WriteOptions | None = None,
+        lease: float = 60.0,
         **storage_options: Any,
     ) -> None:
+        if not isinstance(lease, (int, float)) or not lease > 0:
+            raise ValueError(f"lease: expected a positive number of seconds, found {lease!r}")
         self.fingerprint_record: Fingerprint = fingerprint_key(name, key, version=version)
         self.fingerprint: str = self.fingerprint_record.digest
         self.name = name
@@ -211,11 +230,14 @@ class SnapshotDatasink(Datasink[PartitionWritten]):
         # Drawn here, not in on_write_start: Ray may serialize the sink for its tasks before
         # calling on_write_start, and every task must agree on the job.
         self._job = secrets.randbelow(_JOB_RANGE[1] - _JOB_RANGE[0]) + _JOB_RANGE[0]
+        self.lease = float(lease)
+        self._claim: claims.Claim | None = None  # held by the driver while the write runs
         self.won: bool | None = None
 
     def __getstate__(self) -> dict[str, Any]:
         state = dict(self.__dict__)
         state["_store"] = None  # stores hold maps and locks; tasks reopen from _where
+        state["_claim"] = None  # a heartbeat thread: the driver's alone
         return state
 
     @property
@@ -246,7 +268,10 @@ class SnapshotDatasink(Datasink[PartitionWritten]):
         return [n for n in names if n.isdigit() and int(n) // _TASKS_PER_JOB == self._job]
 
     def on_write_start(self, schema: Any = None) -> None:
-        """Refuse to recompute a committed snapshot, or to reuse a sink."""
+        """Refuse to recompute a committed snapshot, or to reuse a sink; then claim the
+        fingerprint (runs in the driver), so that gc leaves this job's partitions alone while
+        it runs. If another live job holds the claim, write anyway (see the module docstring).
+        """
         if self.committed:
             raise SnapshotExistsError(
                 f"snapshot {self.fingerprint} ({self.name}) is already committed under "
@@ -258,6 +283,16 @@ class SnapshotDatasink(Datasink[PartitionWritten]):
                 f"this SnapshotDatasink (job {self._job}) has been used for a write already; "
                 "create a new one for each write_datasink call"
             )
+        claim, state = claims.acquire(self.store, self.fingerprint, lease=self.lease)
+        if claim is None:
+            log.info(
+                "snapstore: %s holds the claim on %s; writing it anyway (a Ray job's partitions "
+                "are its own and the commit is create-if-absent: at worst both compute it)",
+                state.describe(), self.fingerprint,
+            )  # fmt: skip
+        else:
+            claim.start_heartbeat()
+        self._claim = claim
 
     def write(self, blocks: Iterable[Any], ctx: Any) -> PartitionWritten:
         """Write this task's blocks as one partition and commit it (runs in a Ray task)."""
@@ -287,7 +322,27 @@ class SnapshotDatasink(Datasink[PartitionWritten]):
         )
 
     def on_write_complete(self, write_result: WriteResult[PartitionWritten]) -> None:
-        """Assemble the partitions the tasks wrote, in task order, and commit the snapshot."""
+        """Assemble the partitions the tasks wrote, in task order, and commit the snapshot;
+        release the claim either way."""
+        try:
+            self._commit(write_result)
+        finally:
+            self._release_claim()
+        claims.remove_claims(self.store, self.fingerprint)  # committed: nobody needs them
+
+    def _commit(self, write_result: WriteResult[PartitionWritten]) -> None:
+        if self.committed:  # by another job, which may have taken unused partitions for garbage
+            self.won = False
+        else:
+            self.won = self._assemble(write_result)
+        if not self.won:
+            log.info(
+                "snapshot %s was committed by another job first; removing this job's partitions",
+                self.fingerprint,
+            )
+            self._remove_partitions()
+
+    def _assemble(self, write_result: WriteResult[PartitionWritten]) -> bool:
         written = {r.partition: r for r in write_result.write_returns}
         ids = sorted(written, key=lambda p: written[p].task)
         extra = {
@@ -297,22 +352,25 @@ class SnapshotDatasink(Datasink[PartitionWritten]):
             "version": self.version,
             "engine": "ray",
         }
-        self.won = commit_partitions(self.store, self.fingerprint, ids, extra, schema=self.schema)
-        if not self.won:
-            log.info(
-                "snapshot %s was committed by another job first; removing this job's partitions",
-                self.fingerprint,
-            )
-            self._remove_partitions()
+        return commit_partitions(self.store, self.fingerprint, ids, extra, schema=self.schema)
 
     def on_write_failed(self, error: Exception) -> None:
         """Remove the partitions this job committed; nothing becomes visible.
 
         Best effort: a task still running may commit a partition afterwards; its files are
-        left (a partition of an uncommitted snapshot that no later job uses).
+        left (a partition of an uncommitted snapshot that no later job uses), for
+        :func:`snapstore.gc.collect_garbage` to remove once the claim is released.
         """
         log.warning("writing snapshot %s through Ray failed: %s", self.fingerprint, error)
-        self._remove_partitions()
+        try:
+            self._remove_partitions()
+        finally:
+            self._release_claim()
+
+    def _release_claim(self) -> None:
+        if self._claim is not None:
+            self._claim.release()
+            self._claim = None
 
     def _remove_partitions(self) -> None:
         try:
@@ -337,6 +395,7 @@ def write_snapshot(
     version: str | None = None,
     schema: Schema | Mapping[str, Any] | None = None,
     options: WriteOptions | None = None,
+    lease: float = 60.0,
     ray_remote_args: Mapping[str, Any] | None = None,
     concurrency: int | None = None,
     **storage_options: Any,
@@ -361,6 +420,7 @@ def write_snapshot(
         version=version,
         schema=schema,
         options=options,
+        lease=lease,
         **storage_options,
     )
     if not sink.committed:

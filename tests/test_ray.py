@@ -18,10 +18,11 @@ ray = pytest.importorskip("ray")
 pytest.importorskip("ray.data")
 
 import snapstore  # noqa: E402
+from snapstore.claims import inspect_claim  # noqa: E402
 from snapstore.errors import SnapshotNotFoundError  # noqa: E402
 from snapstore.fingerprint import fingerprint_key  # noqa: E402
-from snapstore.gc import collect_garbage  # noqa: E402
-from snapstore.partitions import PARTS_DIR, partition_done  # noqa: E402
+from snapstore.gc import collect_garbage, find_garbage  # noqa: E402
+from snapstore.partitions import PARTS_DIR, partition_done, write_partition  # noqa: E402
 from snapstore.ray import (  # noqa: E402
     RayExecutor,
     SnapshotDatasink,
@@ -199,9 +200,64 @@ def test_failed_job_leaves_nothing_visible(tmp_path: Path) -> None:
         snapstore.open(sink.fingerprint, tmp_path / "snaps")
     store = LocalStore(tmp_path / "snaps")
     assert store.list_dir(f"{sink.fingerprint}/{PARTS_DIR}") == []  # task 0's was removed
+    assert inspect_claim(store, sink.fingerprint).released
     collect_garbage(store, min_age=0)
-    left = [p for p in (tmp_path / "snaps").rglob("*") if not p.is_dir()]
-    assert left == []  # gc keeps the now empty <fp>/parts directory, and so <fp>; no file is left
+    assert list((tmp_path / "snaps").iterdir()) == []  # the released claim, the empty parts, <fp>
+
+
+class ClaimCheckingSink(SnapshotDatasink):
+    """Each write task checks that the driver holds a live claim on the fingerprint."""
+
+    def write(self, blocks: Any, ctx: Any) -> Any:
+        state = inspect_claim(self.store, self.fingerprint)
+        if state.expired(time.time()) or state.holder.get("pid") == os.getpid():
+            raise RuntimeError(f"expected the driver's live claim, found {state}")
+        return super().write(blocks, ctx)
+
+
+def test_a_running_datasink_holds_a_claim_and_removes_it_after_commit(tmp_path: Path) -> None:
+    sink = ClaimCheckingSink(tmp_path / "snaps", name="claimed", key=1)
+    dataset(make_rows()).write_datasink(sink)
+    assert sink.won is True and sink._claim is None
+    store = LocalStore(tmp_path / "snaps")
+    assert store.list_dir(f"{sink.fingerprint}/claims") == []  # committed: claims removed
+    with snapstore.open(sink.fingerprint, tmp_path / "snaps") as snap:
+        assert [s["i"] for s in snap] == list(range(N))
+
+
+def test_the_claim_protects_the_job_from_gc_and_is_released_on_failure(tmp_path: Path) -> None:
+    import ray.cloudpickle
+
+    sink = SnapshotDatasink(tmp_path / "snaps", name="slow", key=1)
+    sink.on_write_start()
+    store, fp = sink.store, sink.fingerprint
+    holder = inspect_claim(store, fp)
+    assert not holder.expired(time.time()) and holder.holder["pid"] == os.getpid()
+    task_copy = ray.cloudpickle.loads(ray.cloudpickle.dumps(sink))
+    assert task_copy._claim is None and task_copy._job == sink._job  # the claim stays here
+    partition = sink._partition(0)
+    assert write_partition(store, fp, partition, lambda: iter([{"i": 1}]))
+    assert [g for g in find_garbage(store, min_age=0) if "/parts/" in g.path] == []
+
+    other = SnapshotDatasink(tmp_path / "snaps", name="slow", key=1)
+    other.on_write_start()  # another live job holds the claim: this one writes anyway
+    assert other._claim is None
+    other.on_write_failed(RuntimeError("injected"))
+    assert not inspect_claim(store, fp).expired(time.time())  # the first job's claim is intact
+
+    sink.on_write_failed(RuntimeError("injected"))
+    assert sink._claim is None and inspect_claim(store, fp).released
+    assert store.list_dir(f"{fp}/{PARTS_DIR}") == []
+    assert {g.kind for g in find_garbage(store, min_age=0)} == {"claims", "directory"}
+
+
+def test_gc_knows_the_datasink_partition_ids() -> None:
+    """gc tells a datasink job's partitions (never reused) from a partitioned stage's by id."""
+    from snapstore import gc
+    from snapstore import ray as snap_ray
+
+    first_job_partition = snap_ray._JOB_RANGE[0] * snap_ray._TASKS_PER_JOB
+    assert first_job_partition >= gc._FIRST_JOB_PARTITION
 
 
 def test_datasink_interface_is_the_one_implemented() -> None:
