@@ -64,4 +64,15 @@ def test_bench_torch_smoke(tmp_path: Path) -> None:
     cmd = [sys.executable, str(script), "--samples", "600", "--tmp", str(tmp_path)]
     out = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
     assert out.returncode == 0, out.stderr
-    assert "with transform: 2 workers / one process" in out.stdout
+    for transform in ("augment", "tensor"):
+        assert f"{transform}: DataLoader 2 workers / one-process reader:" in out.stdout
+    assert "DataLoader overhead, 0 workers / reader (no transform)" in out.stdout
+
+
+def test_bench_engines_smoke() -> None:
+    script = BENCH.parent / "bench_engines.py"
+    cmd = [sys.executable, str(script), "--partitions", "4", "--samples", "20", "--repeat", "1"]
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stderr
+    for label in ("process, 2 workers", "thread, 1 worker", "process: 2 workers / 1 worker"):
+        assert label in out.stdout, out.stdout
