@@ -52,6 +52,7 @@ class PartitionJob:
     stored_bytes: int = 0
     finished: int = 0
     watched: dict[int, dict[str, Any]] = field(default_factory=dict)
+    lost: list[int] = field(default_factory=list)  # running when a worker process died
 
     def done(self, partition: int) -> bool:
         return partition_done(self.store, self.fingerprint, partition)
@@ -135,9 +136,11 @@ def _run(
             try:
                 _report(job, future.result())
             except BaseException as exc:
+                if isinstance(exc, BrokenProcessPool):
+                    job.lost.append(partition)  # all running ones fail: which one died is unknown
                 if failure is None:
                     failure = (partition, exc)  # raised once the running ones finish
-                else:
+                elif not isinstance(exc, BrokenProcessPool):
                     log.warning(
                         "snapstore: %s: partition %d failed too: %r", job.name, partition, exc
                     )
@@ -203,14 +206,21 @@ def _report(job: PartitionJob, result: Any) -> None:
 
 
 def _raise(job: PartitionJob, partition: int, exc: BaseException) -> None:
-    what = (
-        "its worker process died (killed, out of memory, or crashed in native code)"
-        if isinstance(exc, BrokenProcessPool)
-        else "it raised"
-    )
+    if isinstance(exc, BrokenProcessPool):
+        lost = ", ".join(map(str, sorted(job.lost)))
+        what = (
+            f"partitions {lost} of stage {job.name} failed: a worker process died (killed, out "
+            "of memory, or crashed in native code) while they ran, and the pool with it"
+            if len(job.lost) > 1
+            else f"partition {partition} of stage {job.name} failed: its worker process died "
+            "(killed, out of memory, or crashed in native code)"
+        )
+    else:
+        what = f"partition {partition} of stage {job.name} failed: it raised"
+    them = "them" if len(job.lost) > 1 else "it"
     exc.add_note(
-        f"snapstore: partition {partition} of stage {job.name} failed: {what}. Nothing was "
-        f"committed for it and {job.fingerprint} is not committed. The {job.finished} finished "
-        "partitions are kept; a rerun computes only the missing ones."
+        f"snapstore: {what}. Nothing was committed for {them} and {job.fingerprint} is not "
+        f"committed. The {job.finished} finished partitions are kept; a rerun computes only the "
+        "missing ones."
     )
     raise exc

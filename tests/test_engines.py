@@ -135,7 +135,10 @@ def test_a_worker_that_dies_is_reported(tmp_path: Path) -> None:
     call = stage(root, engine="process", workers=2)
     with pytest.raises(BrokenProcessPool) as info:
         call(list(range(6)), crash_at=2).materialize()
-    assert "its worker process died" in "\n".join(info.value.__notes__)
+    note = "\n".join(info.value.__notes__)
+    # Partition 2's worker died; whichever partition ran beside it failed with the pool.
+    assert "a worker process died" in note or "partition 2 of stage" in note, note
+    assert "worker process died" in note and "a rerun computes only the missing ones" in note
     assert not call(list(range(6)), crash_at=2).committed
     snap = stage(root, engine="process", workers=2)(list(range(6)))
     assert [v[0] for v in values(snap)][::4] == list(range(6))
