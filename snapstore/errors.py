@@ -8,11 +8,13 @@ clauses keep working::
     ├── SchemaError(SnapstoreError, TypeError)        a sample does not fit the schema
     ├── FingerprintError(SnapstoreError, TypeError)   a value or function cannot be hashed
     ├── SnapshotNotFoundError(SnapstoreError, FileNotFoundError)
+    ├── SnapshotExistsError(SnapstoreError, FileExistsError)   a write of a committed snapshot
     ├── AmbiguousFingerprintError(SnapstoreError, KeyError)
     ├── FormatError(SnapstoreError, ValueError)       a file is not what the format says
     │   └── CorruptBlockError                         a block's checksum does not match
     ├── ResumeError(SnapstoreError, ValueError)       a resume state does not fit the reader
     ├── StageError(SnapstoreError, RuntimeError)      the stage did not return samples
+    │   └── CannotTravelError (snapstore.engines)     a stage cannot go to a worker process
     ├── BusyError(SnapstoreError, RuntimeError)       another job holds the claim (on_busy="error")
     └── StoreError(SnapstoreError, OSError)           the storage backend failed
 
@@ -29,6 +31,7 @@ __all__ = [
     "FormatError",
     "ResumeError",
     "SchemaError",
+    "SnapshotExistsError",
     "SnapshotNotFoundError",
     "SnapstoreError",
     "StageError",
@@ -94,6 +97,10 @@ class StoreError(SnapstoreError, OSError):
 
 class ResumeError(SnapstoreError, ValueError):
     """A resume state does not fit the reader: another snapshot, order or partition."""
+
+
+class SnapshotExistsError(SnapstoreError, FileExistsError):
+    """A write was started for a snapshot that is already committed (``snapstore.ray``)."""
 
 
 class BusyError(SnapstoreError, RuntimeError):

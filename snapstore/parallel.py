@@ -184,6 +184,16 @@ def _launch(
         claim.start_heartbeat()
         try:
             future = pool.submit(run_partition, task)
+        except BrokenProcessPool as exc:
+            claim.release()
+            if running:  # a worker died; the running partitions' futures will say so
+                return waiting, False
+            exc.add_note(
+                f"snapstore: the worker processes of stage {job.name} died before partition "
+                f"{p} could start; {job.fingerprint} is not committed. The {job.finished} "
+                "finished partitions are kept; a rerun computes only the missing ones."
+            )
+            raise
         except BaseException:
             claim.release()
             raise

@@ -61,7 +61,7 @@ except ImportError as exc:  # pragma: no cover - depends on the environment
 from . import claims
 from . import format as fmt
 from .columns import BlockColumns
-from .errors import SchemaError, SnapstoreError
+from .errors import SchemaError, SnapshotExistsError
 from .fingerprint import Fingerprint, fingerprint_key
 from .partitions import PARTS_DIR, commit_partitions, partition_dir, write_partition
 from .reader import SnapshotReader, load_manifest
@@ -92,10 +92,6 @@ _JOB_RANGE = (10**11, 10**12)
 # Scalar columns of these dtypes become Python values, as a Python stage would yield them; other
 # dtypes stay numpy scalars so that their dtype survives.
 _PYTHON_SCALARS = (np.dtype("int64"), np.dtype("float64"), np.dtype("bool"))
-
-
-class SnapshotExistsError(SnapstoreError, FileExistsError):
-    """A write was started for a snapshot that is already committed."""
 
 
 def _ensure_ray(init: Mapping[str, Any] | None = None) -> None:
