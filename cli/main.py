@@ -162,8 +162,12 @@ def _created(info: dict[str, Any]) -> float:
 
 def _state(info: dict[str, Any]) -> str:
     state = str(info["state"])
+    parts = info.get("partitions_committed")
+    done = "" if parts is None else f"{parts} partition(s) committed"
     if state == "writing":
-        return f"writing ({info.get('writer', '?')})"
+        return f"writing ({info.get('writer', '?')}{'; ' + done if done else ''})"
+    if done:
+        return f"{state} ({done})"
     if info.get("readers"):
         return f"{state}, {info['readers']} reader(s)"
     return state

@@ -14,6 +14,7 @@ from .claims import inspect_claim
 from .errors import BusyError, FormatError
 from .explain import diff_parts
 from .fingerprint import Fingerprint
+from .partitions import PARTS_DIR
 from .pins import last_read, list_pins, live_pins
 from .reader import load_manifest
 from .store import Store
@@ -31,11 +32,13 @@ __all__ = [
 def describe(store: Store, fingerprint: str) -> dict[str, Any]:
     """A JSON-able summary of one fingerprint's directory, committed or not.
 
-    ``state`` is ``committed``, ``writing`` (not committed, and a job holds a live claim on it:
-    ``writer`` names it), ``incomplete`` (runs without a commit and no live claim: left by a
-    crash) or ``corrupt`` (a commit record whose manifest does not validate; ``error`` says why).
+    ``state`` is ``committed``, ``writing`` (not committed, and a job holds a live claim on it
+    or on one of its partitions: ``writer`` names it), ``incomplete`` (runs or partitions
+    without a commit and no live claim: left by a crash) or ``corrupt`` (a commit record whose
+    manifest does not validate; ``error`` says why).
     ``last_read`` is when a reader last opened it (to the hour, or None) and ``readers`` how
-    many hold it open now (live pins).
+    many hold it open now (live pins). An uncommitted partitioned snapshot also has
+    ``partitions_committed``: the partitions a rerun will not compute again.
     """
     runs = store.list_dir(f"{fingerprint}/runs")
     pinned = list_pins(store, fingerprint)
@@ -46,11 +49,17 @@ def describe(store: Store, fingerprint: str) -> dict[str, Any]:
         "readers": len(live_pins(store, fingerprint, names=pinned)),
     }
     if not store.exists(f"{fingerprint}/{fmt.COMMIT_NAME}"):
+        now = time.time()
         claim = inspect_claim(store, fingerprint)
-        state = "incomplete" if claim.expired(time.time()) else "writing"
+        writer = None if claim.expired(now) else claim.describe()
+        if store.is_dir(f"{fingerprint}/{PARTS_DIR}"):
+            done, part_writer = _partitions_written(store, fingerprint, now)
+            info["partitions_committed"] = done
+            writer = writer or part_writer
+        state = "writing" if writer else "incomplete"
         info.update(state=state, bytes=store.disk_usage(fingerprint))
-        if state == "writing":
-            info["writer"] = claim.describe()
+        if writer:
+            info["writer"] = writer
         return info
     try:
         manifest = load_manifest(store, fingerprint)
@@ -78,6 +87,22 @@ def describe(store: Store, fingerprint: str) -> dict[str, Any]:
         format_version=manifest.get("format_version"),
     )
     return info
+
+
+def _partitions_written(store: Store, fingerprint: str, now: float) -> tuple[int, str | None]:
+    """How many partitions of an uncommitted partitioned snapshot are committed, and who holds
+    a live claim on one still being computed (None if nobody)."""
+    done, writer = 0, None
+    for name in store.list_dir(f"{fingerprint}/{PARTS_DIR}"):
+        where = f"{fingerprint}/{PARTS_DIR}/{name}"
+        if not fmt.is_plain_name(name):
+            continue
+        if store.exists(f"{where}/{fmt.COMMIT_NAME}"):
+            done += 1
+        elif writer is None:
+            claim = inspect_claim(store, where)
+            writer = None if claim.expired(now) else claim.describe()
+    return done, writer
 
 
 def list_snapshots(store: Store) -> list[dict[str, Any]]:

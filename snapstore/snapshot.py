@@ -27,7 +27,7 @@ from .errors import AmbiguousFingerprintError, BusyError, SnapshotNotFoundError,
 from .explain import diff_parts
 from .fingerprint import Fingerprint, fingerprint_stage
 from .parallel import PartitionJob, compute_partitions
-from .partitions import commit_partitions, partition_dir
+from .partitions import PARTS_DIR, commit_partitions, partition_dir
 from .plan import PlanOptions
 from .reader import SnapshotReader, load_manifest
 from .schema import Schema
@@ -620,13 +620,19 @@ ON_BUSY = ("wait", "pass", "error")
 def list_fingerprints(store: Store, *, committed_only: bool = True) -> list[str]:
     """Snapshot directories under ``store`` (for tools; readers never list).
 
-    With ``committed_only`` false, directories holding only runs (being written, or left by a
-    crash) are included too.
+    With ``committed_only`` false, directories holding only runs or partitions (being written,
+    or left by a crash) are included too.
     """
     names = [n for n in store.list_dir("") if fmt.is_plain_name(n)]
     if committed_only:
         return [n for n in names if store.exists(f"{n}/{fmt.COMMIT_NAME}")]
-    return [n for n in names if store.exists(f"{n}/{fmt.COMMIT_NAME}") or store.exists(f"{n}/runs")]
+    return [
+        n
+        for n in names
+        if store.exists(f"{n}/{fmt.COMMIT_NAME}")
+        or store.exists(f"{n}/runs")
+        or store.exists(f"{n}/{PARTS_DIR}")
+    ]
 
 
 def resolve_fingerprint(store: Store, prefix: str, *, committed_only: bool = True) -> str:

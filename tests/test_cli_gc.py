@@ -203,3 +203,31 @@ def test_info_verify_fails_on_a_damaged_block(tmp_path: Path) -> None:
     shard.write_bytes(bytes(data))
     code, out = cli(store, "info", a[:10], "--verify")
     assert code == 1 and "integrity    FAILED" in out
+
+
+def test_a_partitioned_snapshot_part_written_is_listed_and_removable(tmp_path: Path) -> None:
+    from snapstore import claims
+    from snapstore.partitions import partition_dir, write_partition
+
+    store = LocalStore(tmp_path)
+    fp = "a" * 32
+    for p in range(3):  # 3 of its partitions committed, then the job was killed
+        write_partition(store, fp, p, lambda p=p: ({"x": i} for i in range(p, p + 2)))
+
+    def ls() -> tuple[str, dict]:
+        text = CliRunner().invoke(main, ["--root", str(tmp_path), "ls"])
+        data = CliRunner().invoke(main, ["--root", str(tmp_path), "ls", "--json"])
+        assert text.exit_code == 0 and data.exit_code == 0, text.output + data.output
+        return text.output, json.loads(data.output)["snapshots"][0]
+
+    text, entry = ls()
+    assert "incomplete (3 partition(s) committed)" in text
+    assert entry["state"] == "incomplete" and entry["partitions_committed"] == 3
+    claim, _ = claims.acquire(store, partition_dir(fp, 3), lease=60.0)
+    assert claim is not None  # a job is computing partition 3
+    text, entry = ls()
+    assert entry["state"] == "writing" and "3 partition(s) committed)" in text, text
+    claim.release()
+    removed = CliRunner().invoke(main, ["--root", str(tmp_path), "rm", fp[:8]])
+    assert removed.exit_code == 0, removed.output
+    assert not (tmp_path / fp).exists()
