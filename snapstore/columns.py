@@ -4,20 +4,46 @@
 wraps a decoded batch: fixed-shape fields become one zero-copy numpy view of the whole block,
 shaped ``(rows, *shape)``; varying arrays keep their flat values and offsets, so taking a row is
 a slice, not a copy.
+
+For :meth:`snapstore.writer.SnapshotWriter.add_batch`, ``normalize_columns``, ``infer_columns``
+and ``conform_columns`` check a batch given as columns and ``batch_from_columns`` builds a block's
+record batch from slices of them, without a Python object per row; ``column_rows`` names the
+rows a batch stands for.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
 import pyarrow as pa
 
-from .schema import Field, Schema
+from .errors import SchemaError
+from .schema import (
+    _DECLARE_HINT,
+    Field,
+    Schema,
+    check_keys,
+    check_sample,
+    infer_schema,
+)
+from .schema import _check_dtype as check_dtype
+from .schema import _fast_check as fast_check
 
-__all__ = ["BlockColumns", "RowCopy", "gather", "to_record_batch"]
+__all__ = [
+    "BlockColumns",
+    "RowCopy",
+    "batch_from_columns",
+    "column_rows",
+    "conform_columns",
+    "gather",
+    "infer_columns",
+    "normalize_columns",
+    "row_sizes",
+    "to_record_batch",
+]
 
 
 def _array_column(field: Field, values: list[Any]) -> pa.Array:
@@ -26,7 +52,7 @@ def _array_column(field: Field, values: list[Any]) -> pa.Array:
     shape = field.storage_shape()
     if field.fixed:
         fixed = tuple(int(d) for d in shape if d is not None)
-        stacked = np.asarray(values, dtype=dtype) if values else np.empty((0, *fixed), storage)
+        stacked = np.asarray(values, dtype=dtype) if len(values) else np.empty((0, *fixed), storage)
         flat = np.ascontiguousarray(stacked).view(storage).reshape(-1)
         if not shape:
             return pa.array(flat)
@@ -262,3 +288,191 @@ def pad_ragged(
     for out, a in zip(padded, arrays):
         out[tuple(slice(0, n) for n in a.shape)] = a
     return padded, shapes[:, 0].copy() if ndim == 1 else shapes
+
+
+# --- columnar input: a batch of samples given as one column per field -----------------------
+
+# 1-D numpy columns of these dtypes hold the Python kinds int, float and bool, as a Python stage
+# would yield them; 1-D columns of other dtypes hold rank-0 arrays (numpy scalars).
+_PYTHON_KINDS = {np.dtype("int64"): "int", np.dtype("float64"): "float", np.dtype("bool"): "bool"}
+
+
+def normalize_columns(columns: Any) -> tuple[dict[str, Any], int]:
+    """Columns as ``{name: ndarray or list}`` and their common length; an Arrow table or record
+    batch of primitive, string, binary and fixed-size list columns is converted.
+
+    Raises
+    ------
+    SchemaError
+        If a name is not a str, a column is not an array or list, or lengths differ.
+    """
+    if isinstance(columns, (pa.Table, pa.RecordBatch)):
+        columns = {
+            name: _from_arrow(name, col) for name, col in zip(columns.column_names, columns.columns)
+        }
+    if not isinstance(columns, Mapping):
+        raise SchemaError(
+            f"add_batch expects a mapping of field name to column (numpy array or list) or a "
+            f"pyarrow Table; found {type(columns).__name__}"
+        )
+    out: dict[str, Any] = {}
+    for name, col in columns.items():
+        if not isinstance(name, str):
+            raise SchemaError(f"batch column names must be str, found {name!r}")
+        if isinstance(col, np.ndarray):
+            out[name] = list(col) if col.dtype == object else col
+        elif isinstance(col, (list, tuple)):
+            out[name] = list(col)
+        else:
+            raise SchemaError(
+                f"batch column {name!r} is a {type(col).__name__}; expected a numpy array "
+                "(leading dimension = rows) or a list of per-row values"
+            )
+        if out[name] is not col and isinstance(col, np.ndarray) and col.ndim != 1:
+            raise SchemaError(f"batch column {name!r}: an object array must be 1-D")
+    lengths = {name: len(col) for name, col in out.items()}
+    if len(set(lengths.values())) > 1:
+        raise SchemaError(
+            f"batch columns have different lengths {lengths}; every column needs one value per "
+            "row. Slice them to the same number of rows."
+        )
+    return out, next(iter(lengths.values()), 0)
+
+
+def _from_arrow(name: str, col: Any) -> Any:
+    array = col.combine_chunks() if isinstance(col, pa.ChunkedArray) else col
+    if array.null_count:
+        raise SchemaError(
+            f"column {name!r} holds {array.null_count} null values; snapstore samples have no "
+            "nulls. Fill them or drop the rows first."
+        )
+    kind = array.type
+    if (
+        pa.types.is_string(kind)
+        or pa.types.is_large_string(kind)
+        or pa.types.is_binary(kind)
+        or pa.types.is_large_binary(kind)
+    ):
+        return array.to_pylist()
+    if pa.types.is_integer(kind) or pa.types.is_floating(kind) or pa.types.is_boolean(kind):
+        return array.to_numpy(zero_copy_only=False)
+    if pa.types.is_fixed_size_list(kind) and (
+        pa.types.is_integer(kind.value_type) or pa.types.is_floating(kind.value_type)
+    ):
+        flat = array.flatten().to_numpy(zero_copy_only=False)
+        return flat.reshape(len(array), kind.list_size)
+    raise SchemaError(
+        f"column {name!r}: Arrow type {kind} is not supported by add_batch; pass a mapping of "
+        "numpy arrays and lists instead (varying-shape arrays as a list of arrays)"
+    )
+
+
+def column_rows(column: Any) -> list[Any]:
+    """The per-row values that :meth:`SnapshotWriter.add` would receive for a column."""
+    if isinstance(column, np.ndarray):
+        if column.ndim == 1 and column.dtype in _PYTHON_KINDS:
+            return column.tolist()  # type: ignore[no-any-return]
+        return list(column)
+    return list(column)
+
+
+def row_sizes(column: Any) -> np.ndarray[Any, Any]:
+    """Per-row byte counts of a column, as the writer counts them for a sample."""
+    if isinstance(column, np.ndarray):
+        size = column.dtype.itemsize * math.prod(column.shape[1:]) if column.ndim > 1 else 8
+        return np.full(len(column), size, dtype=np.int64)
+    return np.fromiter(map(_value_nbytes, column), dtype=np.int64, count=len(column))
+
+
+def _value_nbytes(value: Any) -> int:
+    if isinstance(value, np.ndarray):
+        return int(value.nbytes)
+    if isinstance(value, (str, bytes)):
+        return len(value) + 8
+    return 8
+
+
+def infer_columns(columns: Mapping[str, Any], first: int) -> Schema:
+    """The schema that :func:`infer_schema` gives for the rows of ``columns``."""
+    fields = []
+    for name, col in columns.items():
+        if isinstance(col, np.ndarray) and col.ndim == 1 and col.dtype in _PYTHON_KINDS:
+            fields.append(Field(name, _PYTHON_KINDS[col.dtype]))  # type: ignore[arg-type]
+        elif isinstance(col, np.ndarray):
+            dtype = check_dtype(col.dtype, name)
+            fields.append(Field(name, "array", dtype.name, tuple(col.shape[1:])))
+        else:
+            fields.append(infer_schema([{name: v} for v in col], first).fields[0])
+    return Schema(tuple(fields))
+
+
+def conform_columns(schema: Schema, columns: Mapping[str, Any], first: int) -> dict[str, Any]:
+    """Check columns against ``schema`` and bring them to the form :func:`batch_from_columns`
+    takes: ndarrays for scalar kinds and fixed arrays, lists for str, bytes and varying arrays.
+
+    Raises
+    ------
+    SchemaError
+        Naming the field, what the schema expects, what the batch holds and what to do.
+    """
+    check_keys({f.name: f for f in schema.fields}, columns, first)
+    return {f.name: _conform(f, columns[f.name], first) for f in schema.fields}
+
+
+def _conform(field: Field, col: Any, first: int) -> Any:
+    if isinstance(col, np.ndarray):
+        want = (field.dtype, tuple(field.shape or ())) if field.kind == "array" else None
+        dtype = check_dtype(col.dtype, field.name)
+        found = (dtype.name, tuple(col.shape[1:]))
+        if field.kind in ("int", "float", "bool") and found == (_PYTHON_DTYPE[field.kind], ()):
+            return np.asarray(col, dtype=_PYTHON_DTYPE[field.kind])
+        if field.fixed and found == want:
+            return np.asarray(col, dtype=field.np_dtype)
+        if field.kind == "array" and not field.fixed and dtype.name == field.dtype:
+            return _conform(field, list(col), first)
+        raise _column_error(field, dtype, tuple(col.shape[1:]), first)
+    fast = fast_check(field)
+    bad = [i for i, v in enumerate(col) if not fast(v)]
+    for i in bad:  # the slow check names the sample; what it accepts is converted below
+        check_sample(Schema((field,)), {field.name: col[i]}, first + i)
+    if field.kind in _PYTHON_DTYPE:
+        return np.array(col, dtype=_PYTHON_DTYPE[field.kind]).reshape(len(col))
+    if field.kind != "array":
+        return col
+    if bad:
+        col = [np.asarray(v, dtype=field.np_dtype) for v in col]
+    if field.fixed:
+        shape = (len(col), *(field.shape or ()))
+        return np.stack(col) if col else np.empty(shape, field.np_dtype)
+    return col
+
+
+_PYTHON_DTYPE = {"int": "int64", "float": "float64", "bool": "bool"}
+
+
+def _column_error(field: Field, dtype: Any, shape: tuple[int, ...], first: int) -> SchemaError:
+    want = _PYTHON_DTYPE.get(field.kind, field.dtype)
+    if field.kind in ("str", "bytes"):
+        todo = f"pass a list of {field.kind} values"
+    elif dtype.name != want:
+        todo = f"convert it with column.astype(np.{want})"
+    else:
+        rows = ", ".join(["rows", *("*" if d is None else str(d) for d in field.shape or ())])
+        todo = f"give it the shape ({rows})"
+    return SchemaError(
+        f"field {field.name!r}: the batch starting at sample {first} holds a numpy column of "
+        f"{dtype}{list(shape)} per row but the schema says {field.describe()}; {todo}, or "
+        f"{_DECLARE_HINT}"
+    )
+
+
+def batch_from_columns(schema: Schema, columns: Mapping[str, Any]) -> pa.RecordBatch:
+    """One record batch from columns made by :func:`conform_columns` (sliced to a block)."""
+    arrays = []
+    for field in schema.fields:
+        col = columns[field.name]
+        if field.kind == "array":
+            arrays.append(_array_column(field, col))
+        else:
+            arrays.append(pa.array(col, type=field.arrow_type()))
+    return pa.RecordBatch.from_arrays(arrays, schema=schema.arrow_schema())

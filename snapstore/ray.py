@@ -60,15 +60,15 @@ except ImportError as exc:  # pragma: no cover - depends on the environment
 
 from . import claims
 from . import format as fmt
-from .columns import BlockColumns
+from .columns import BlockColumns, column_rows
 from .errors import SchemaError, SnapshotExistsError
 from .fingerprint import Fingerprint, fingerprint_key
-from .partitions import PARTS_DIR, commit_partitions, partition_dir, write_partition
+from .partitions import PARTS_DIR, commit_partitions, partition_dir
 from .reader import SnapshotReader, load_manifest
 from .schema import Schema
 from .snapshot import Snapshot, resolve_fingerprint
 from .store import Store, open_store, portable, reopen
-from .writer import WriteOptions
+from .writer import SnapshotWriter, WriteOptions
 
 __all__ = [
     "PartitionWritten",
@@ -76,6 +76,7 @@ __all__ = [
     "SnapshotDatasink",
     "SnapshotDatasource",
     "SnapshotExistsError",
+    "block_columns",
     "block_samples",
     "read_snapshot",
     "write_snapshot",
@@ -89,9 +90,6 @@ T = TypeVar("T")
 # drawn from [10**11, 10**12) ids stay below 10**18, inside int64 for every tool that reads them.
 _TASKS_PER_JOB = 10**6
 _JOB_RANGE = (10**11, 10**12)
-# Scalar columns of these dtypes become Python values, as a Python stage would yield them; other
-# dtypes stay numpy scalars so that their dtype survives.
-_PYTHON_SCALARS = (np.dtype("int64"), np.dtype("float64"), np.dtype("bool"))
 
 
 def _ensure_ray(init: Mapping[str, Any] | None = None) -> None:
@@ -113,18 +111,12 @@ class PartitionWritten:
     """False if an earlier attempt of the same task had committed the partition already."""
 
 
-def _column_values(values: np.ndarray[Any, Any]) -> list[Any]:
-    if values.ndim == 1 and values.dtype in _PYTHON_SCALARS:
-        return values.tolist()  # type: ignore[no-any-return]
-    return list(values)  # rows of a tensor column are views; strings and bytes stay as they are
+def block_columns(block: Any) -> dict[str, Any]:
+    """The columns of a Ray block, for :meth:`SnapshotWriter.add_batch` (empty for no rows).
 
-
-def block_samples(block: Any) -> Iterator[dict[str, Any]]:
-    """The rows of a Ray block as snapstore samples.
-
-    ``int64``, ``float64`` and ``bool`` columns give Python values; other numeric columns numpy
-    scalars of their dtype; tensor and list columns numpy arrays; string and binary columns
-    ``str`` and ``bytes``.
+    ``int64``, ``float64`` and ``bool`` columns hold Python-kind values (int, float, bool);
+    other numeric columns rank-0 arrays of their dtype; tensor and list columns numpy arrays;
+    string and binary columns ``str`` and ``bytes``: the samples a Python stage would yield.
 
     Raises
     ------
@@ -139,10 +131,21 @@ def block_samples(block: Any) -> Iterator[dict[str, Any]]:
                 "no nulls. Fill them (Dataset.map_batches) or drop the rows before writing."
             )
     if not table.num_rows:
-        return
-    arrays = BlockAccessor.for_block(table).to_numpy()
-    names = list(arrays)
-    for row in zip(*(_column_values(arrays[name]) for name in names)):
+        return {}
+    return dict(BlockAccessor.for_block(table).to_numpy())
+
+
+def block_samples(block: Any) -> Iterator[dict[str, Any]]:
+    """The rows of a Ray block as snapstore samples (see :func:`block_columns`).
+
+    Raises
+    ------
+    SchemaError
+        If a column holds nulls (snapstore fields have no null).
+    """
+    columns = block_columns(block)
+    names = list(columns)
+    for row in zip(*(column_rows(columns[name]) for name in names)):
         yield dict(zip(names, row))
 
 
@@ -295,18 +298,23 @@ class SnapshotDatasink(Datasink[PartitionWritten]):
         task = int(ctx.task_idx)
         partition = self._partition(task)
 
-        def samples() -> Iterator[dict[str, Any]]:
-            for block in blocks:
-                yield from block_samples(block)
-
-        won = write_partition(
+        # write_partition's steps, with whole blocks given to add_batch instead of rows to add.
+        writer = SnapshotWriter(
             self.store,
-            self.fingerprint,
-            partition,
-            samples,
+            partition_dir(self.fingerprint, partition),
+            {"partition": partition, "snapshot": self.fingerprint},
             schema=self.schema,
             options=self.options,
         )
+        try:
+            for block in blocks:
+                columns = block_columns(block)
+                if columns:
+                    writer.add_batch(columns)
+        except BaseException:
+            writer.abort()
+            raise
+        won = writer.commit()
         manifest = load_manifest(self.store, partition_dir(self.fingerprint, partition))
         return PartitionWritten(
             task=task,

@@ -8,7 +8,9 @@ then creates the commit record only if absent: that single atomic step makes the
 visible. :meth:`SnapshotWriter.abort` removes the run directory.
 
 Memory is bounded by ``max_block_bytes * (2 * threads + 3)``: the block being filled, the blocks
-being encoded or waiting to be written, and nothing else.
+being encoded or waiting to be written, and nothing else. (Rows given to
+:meth:`SnapshotWriter.add_batch` are kept as slices of the caller's columns until their block is
+encoded, so a batch's arrays stay alive that long.)
 """
 
 from __future__ import annotations
@@ -25,10 +27,19 @@ from dataclasses import asdict, dataclass
 from typing import IO, Any
 
 import numpy as np
+import pyarrow as pa
 
 from . import format as fmt
-from .columns import to_record_batch
-from .schema import Schema, infer_schema, sample_checker, sample_items
+from .columns import (
+    batch_from_columns,
+    conform_columns,
+    infer_columns,
+    normalize_columns,
+    row_sizes,
+    to_record_batch,
+)
+from .schema import Schema, check_keys, infer_schema, sample_checker, sample_items
+from .schema import _merge as merge_fields
 from .store import Store
 
 __all__ = ["ProgressCallback", "SnapshotWriter", "WriteOptions"]
@@ -137,6 +148,14 @@ def _index_array(entries: list[tuple[int, int, int, int, int, int, int]]) -> np.
     return index
 
 
+_Piece = list[Mapping[str, Any]] | dict[str, Any]
+"""Part of a block: rows of add(), or column slices of add_batch()."""
+
+
+def _slice(cols: Mapping[str, Any], start: int, stop: int) -> dict[str, Any]:
+    return {name: col[start:stop] for name, col in cols.items()}
+
+
 def _sample_nbytes(sample: Mapping[str, Any]) -> int:
     total = 0
     for value in sample.values():
@@ -200,7 +219,11 @@ class SnapshotWriter:
         self._max_pending = 2 * threads + 1
         self._pending: collections.deque[Future[None]] = collections.deque()
         self._check: Callable[[Any, int], None] | None = None
-        self._buffer: list[Mapping[str, Any]] = []
+        self._buffer: list[Mapping[str, Any]] = []  # rows of add(), after self._pieces
+        # Earlier parts of the block being filled, with the index of their first sample:
+        # rows of add(), or column slices of add_batch() (conformed once the schema is known).
+        self._pieces: list[tuple[int, _Piece]] = []
+        self._buffer_rows = 0  # rows in self._pieces and self._buffer
         self._buffer_bytes = 0
         self._count = 0
         self._entries: list[tuple[int, int, int, int, int, int, int]] = []
@@ -237,27 +260,126 @@ class SnapshotWriter:
             )  # a dict of str keys; the rest is checked at inference
         self._buffer.append(sample)
         self._buffer_bytes += _sample_nbytes(sample)
+        self._buffer_rows += 1
         self._count += 1
         options = self.options
         if self._buffer_bytes >= options.max_block_bytes or (
             self._buffer_bytes >= options.block_bytes
-            and len(self._buffer) >= options.block_min_rows
+            and self._buffer_rows >= options.block_min_rows
         ):
             self._flush_block()
 
-    def _flush_block(self) -> None:
-        if not self._buffer:
+    def add_batch(self, columns: Mapping[str, Any] | pa.Table | pa.RecordBatch) -> None:
+        """Validate and buffer a batch of samples given as columns; same result as :meth:`add`
+        for each row, without a Python dict per row.
+
+        Parameters
+        ----------
+        columns : mapping or pyarrow.Table or pyarrow.RecordBatch
+            Field name to column, one value per row: a numpy array whose leading dimension is
+            the rows, or a list (str, bytes, varying-shape arrays). A 1-D ``int64``, ``float64``
+            or ``bool`` array holds the kinds int, float and bool (what a Python stage yields);
+            other 1-D arrays hold rank-0 arrays; an array of shape ``(rows, *shape)`` holds
+            arrays of ``shape``. Row ``i`` is the sample :meth:`add` would take, with
+            :func:`snapstore.columns.column_rows` giving each column's values. Arrow input may
+            have primitive, string, binary and fixed-size list columns, without nulls.
+
+        Raises
+        ------
+        SchemaError
+            If columns differ in length, or do not fit the (declared or inferred) schema:
+            missing or extra fields, another dtype, another fixed shape. Nothing of the batch
+            is buffered then (unless the schema was still to be inferred from it).
+
+        Examples
+        --------
+        >>> writer.add_batch({"tokens": tokens, "label": np.arange(len(tokens))})  # doctest: +SKIP
+        """
+        cols, rows = normalize_columns(columns)
+        self._add_columns(cols, rows)
+
+    def _add_columns(self, cols: dict[str, Any], rows: int) -> None:
+        sizes = np.zeros(rows, dtype=np.int64)
+        for col in cols.values():
+            sizes += row_sizes(col)
+        if self.schema is not None:
+            cols = conform_columns(self.schema, cols, self._count)
+        if not rows:
             return
+        cum = np.cumsum(sizes)
+        start = 0
+        while start < rows:
+            end, full = self._block_end(cum, start)
+            if self._buffer:
+                self._pieces.append((self._count - len(self._buffer), self._buffer))
+                self._buffer = []
+            self._pieces.append((self._count, _slice(cols, start, end)))
+            self._buffer_bytes += int(cum[end - 1] - (cum[start - 1] if start else 0))
+            self._buffer_rows += end - start
+            self._count += end - start
+            if not full:
+                return
+            inferred = self.schema is None
+            self._flush_block()
+            if inferred and end < rows:  # the rest is checked against the schema just inferred
+                self._add_columns(_slice(cols, end, rows), rows - end)
+                return
+            start = end
+
+    def _block_end(self, cum: np.ndarray[Any, Any], start: int) -> tuple[int, bool]:
+        """Where the block being filled ends if rows ``start..`` join it (exclusive), and
+        whether it is then full, by the rule :meth:`add` applies row by row."""
+        options = self.options
+        base = int(cum[start - 1]) if start else 0
+        by_max = int(np.searchsorted(cum, base + options.max_block_bytes - self._buffer_bytes))
+        by_bytes = int(np.searchsorted(cum, base + options.block_bytes - self._buffer_bytes))
+        by_rows = start + max(0, options.block_min_rows - self._buffer_rows - 1)
+        last = min(by_max, max(by_bytes, by_rows))
+        return (last + 1, True) if last < len(cum) else (len(cum), False)
+
+    def _infer(self, pieces: list[tuple[int, _Piece]]) -> Schema:
+        """The schema of the first block, as :func:`infer_schema` gives for its rows."""
+        fields: dict[str, Any] = {}
+        for first, piece in pieces:
+            if isinstance(piece, list):
+                found = infer_schema(piece, first)
+            else:
+                found = infer_columns(piece, first)
+            if not fields:
+                fields = {f.name: f for f in found.fields}
+                continue
+            check_keys(fields, {f.name: f for f in found.fields}, first)
+            for f in found.fields:
+                fields[f.name] = merge_fields(fields[f.name], f, first)
+        return Schema(tuple(fields.values()))
+
+    def _flush_block(self) -> None:
+        if not self._buffer_rows:
+            return
+        pieces = list(self._pieces)
+        if self._buffer:
+            pieces.append((self._count - len(self._buffer), self._buffer))
         if self.schema is None:
-            self.schema = infer_schema(self._buffer, self._count - len(self._buffer))
-        samples, self._buffer, self._buffer_bytes = self._buffer, [], 0
-        encoded = self._pool.submit(self._encode, self.schema, samples)
+            self.schema = self._infer(pieces)
+            pieces = [
+                (first, p if isinstance(p, list) else conform_columns(self.schema, p, first))
+                for first, p in pieces
+            ]
+        self._pieces, self._buffer, self._buffer_bytes, self._buffer_rows = [], [], 0, 0
+        encoded = self._pool.submit(self._encode, self.schema, pieces)
         self._pending.append(self._io.submit(lambda: self._write_block(encoded.result())))
         while len(self._pending) > self._max_pending:
             self._pending.popleft().result()  # bounds memory; raises what encoding or I/O raised
 
-    def _encode(self, schema: Schema, samples: list[Mapping[str, Any]]) -> fmt.EncodedBlock:
-        batch = to_record_batch(schema, samples)  # type: ignore[arg-type]
+    def _encode(self, schema: Schema, pieces: list[tuple[int, _Piece]]) -> fmt.EncodedBlock:
+        batches = [
+            to_record_batch(schema, p) if isinstance(p, list) else batch_from_columns(schema, p)  # type: ignore[arg-type]
+            for _, p in pieces
+        ]
+        if len(batches) == 1:
+            batch = batches[0]
+        else:  # pa.concat_batches needs pyarrow 19
+            batch = pa.Table.from_batches(batches).combine_chunks().to_batches()[0]
         return fmt.encode_block(
             batch,
             level=self.options.compression_level,
