@@ -30,7 +30,7 @@ from .prefetch import ReadStats
 from .schema import Field, Schema
 from .snapshot import Snapshot, Stage, open, snapshot
 from .store import FsspecStore, LocalStore, RetryPolicy, Store, default_root, open_store
-from .writer import WriteOptions
+from .writer import Columns, WriteOptions
 
 __version__ = "0.1.0"
 
@@ -39,6 +39,7 @@ __all__ = [
     "AmbiguousFingerprintError",
     "BusyError",
     "BatchReader",
+    "Columns",
     "CorruptBlockError",
     "Field",
     "Fingerprint",

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -10,6 +11,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+import snapstore
 from snapstore.columns import column_rows
 from snapstore.errors import SchemaError
 from snapstore.reader import SnapshotReader
@@ -275,3 +277,58 @@ def test_abort_after_add_batch_leaves_nothing(tmp_path: Any) -> None:
     writer.add_batch(every_kind(300))
     writer.abort()
     assert not store.exists(f"{'a' * 32}/_COMMIT") and store.list_dir(f"{'a' * 32}/runs") == []
+
+
+def rows_stage(n: int):
+    for i in range(n):
+        yield {"id": i, "x": np.full(3, i, np.float32), "name": f"s{i}"}
+
+
+def columns_stage(n: int):
+    """The same samples as rows_stage: a batch of columns, then single rows, then a batch."""
+    first = n // 2
+    yield snapstore.Columns(
+        {
+            "id": np.arange(first, dtype=np.int64),
+            "x": np.repeat(np.arange(first, dtype=np.float32)[:, None], 3, axis=1),
+            "name": [f"s{i}" for i in range(first)],
+        }
+    )
+    for i in range(first, first + 2):
+        yield {"id": i, "x": np.full(3, i, np.float32), "name": f"s{i}"}
+    rest = np.arange(first + 2, n)
+    yield snapstore.Columns(
+        {
+            "id": rest.astype(np.int64),
+            "x": np.repeat(rest.astype(np.float32)[:, None], 3, axis=1),
+            "name": [f"s{i}" for i in rest.tolist()],
+        }
+    )
+
+
+def test_a_stage_may_yield_columns(tmp_path: Path) -> None:
+    rows = snapstore.snapshot(rows_stage, root=tmp_path / "rows")(2000)
+    cols = snapstore.snapshot(columns_stage, root=tmp_path / "cols")(2000)
+    assert cols.schema == rows.schema and len(cols) == len(rows) == 2000
+    for a, b in zip(rows, cols, strict=True):
+        assert a["id"] == b["id"] and a["name"] == b["name"] and type(a["id"]) is type(b["id"])
+        np.testing.assert_array_equal(a["x"], b["x"])
+    rows.close()
+    cols.close()
+
+
+def chunked(chunks: list[int]):
+    for c in chunks:
+        ids = np.arange(c * 100, (c + 1) * 100)
+        yield snapstore.Columns({"id": ids, "x": np.repeat(ids[:, None], 3, 1).astype(np.float32),
+                                 "name": [f"s{i}" for i in ids.tolist()]})  # fmt: skip
+
+
+def test_partitions_on_worker_processes_may_yield_columns(tmp_path: Path) -> None:
+    stage = snapstore.snapshot(
+        chunked, root=tmp_path, partition_by="chunks", engine="process", workers=2
+    )
+    snap = stage(list(range(6)))
+    assert [int(s["id"]) for s in snap] == list(range(600))
+    assert snap.manifest["partitions"] == 6
+    snap.close()
