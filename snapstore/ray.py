@@ -29,9 +29,11 @@ uncommitted fingerprint with a live claim alone, and takes a datasink job's part
 when they are older than its ``min_age`` and no live claim is held. If another live job holds
 the claim (two jobs writing the same data), this job writes anyway, without a claim: its
 partitions are its own and the commit is create-if-absent, so the worst case is computing
-twice. The other job's claim protects both while it lives; should that job end first without
-committing, this job's partitions older than gc's ``min_age`` (an hour by default) are exposed,
-and a gc run at that moment can make this job's assembly fail.
+twice. The other job's claim protects both while it lives. Should that job end first without
+committing, this job's partitions older than gc's ``min_age`` (an hour by default) are exposed
+until this job assembles them, and a gc run then makes the assembly fail cleanly (a partition
+is missing: nothing is committed). Before assembling, a job without the claim takes it (or
+finds it live with another job), so gc cannot remove partitions while they are assembled.
 """
 
 from __future__ import annotations
@@ -335,6 +337,15 @@ class SnapshotDatasink(Datasink[PartitionWritten]):
         claims.remove_claims(self.store, self.fingerprint)  # committed: nobody needs them
 
     def _commit(self, write_result: WriteResult[PartitionWritten]) -> None:
+        if self._claim is None:
+            # Started while another job held the claim: take it now if that job is gone, so
+            # gc, which leaves an uncommitted fingerprint alone while a live claim is held,
+            # cannot remove partitions while they are assembled. If the other job still holds
+            # it, its claim protects them the same way.
+            claim, _ = claims.acquire(self.store, self.fingerprint, lease=self.lease)
+            if claim is not None:
+                claim.start_heartbeat()
+                self._claim = claim
         if self.committed:  # by another job, which may have taken unused partitions for garbage
             self.won = False
         else:

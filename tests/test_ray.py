@@ -245,6 +245,32 @@ def test_the_claim_protects_the_job_from_gc_and_is_released_on_failure(tmp_path:
     other.on_write_failed(RuntimeError("injected"))
     assert not inspect_claim(store, fp).expired(time.time())  # the first job's claim is intact
 
+    # A job that started without the claim takes it before assembling, once the holder is gone.
+    late = SnapshotDatasink(tmp_path / "late", name="slow", key=1)
+    rival = SnapshotDatasink(tmp_path / "late", name="slow", key=1)
+    late.on_write_start()
+    rival.on_write_start()
+    assert rival._claim is None
+    late.on_write_failed(RuntimeError("the holder stopped"))
+    seen: list[bool] = []
+    real = snapstore.ray.commit_partitions
+
+    def checking(store: Any, fingerprint: str, *args: Any, **kwargs: Any) -> bool:
+        seen.append(inspect_claim(store, fingerprint).holder["owner"] == rival._claim.owner)
+        return real(store, fingerprint, *args, **kwargs)
+
+    written = write_partition(rival.store, fp, rival._partition(0), lambda: iter([{"i": 2}]))
+    assert written
+    result = type("Result", (), {"write_returns": [
+        snapstore.ray.PartitionWritten(0, rival._partition(0), 1, 0, "", True)
+    ]})()  # fmt: skip
+    snapstore.ray.commit_partitions = checking
+    try:
+        rival.on_write_complete(result)
+    finally:
+        snapstore.ray.commit_partitions = real
+    assert seen == [True] and rival.won is True and rival._claim is None
+
     sink.on_write_failed(RuntimeError("injected"))
     assert sink._claim is None and inspect_claim(store, fp).released
     assert store.list_dir(f"{fp}/{PARTS_DIR}") == []
