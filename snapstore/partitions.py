@@ -11,9 +11,6 @@ the partitions' in order, whoever computed each.
 
 from __future__ import annotations
 
-import datetime as dt
-import os
-import socket
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
@@ -24,7 +21,14 @@ from .errors import FormatError, SchemaError
 from .reader import SnapshotReader
 from .schema import Schema
 from .store import Store
-from .writer import ProgressCallback, SnapshotWriter, WriteOptions, new_run_id, publish
+from .writer import (
+    ProgressCallback,
+    SnapshotWriter,
+    WriteOptions,
+    build_manifest,
+    new_run_id,
+    publish,
+)
 
 __all__ = ["commit_partitions", "partition_dir", "partition_done", "write_partition"]
 
@@ -116,6 +120,41 @@ def commit_partitions(
             )
         readers.append(SnapshotReader(store, partition_dir(fingerprint, p)))
     merged = _merged_schema(readers, ids, schema, fingerprint)
+    index, shards = _joined(readers, fingerprint)
+    index_bytes = fmt.write_index(index)
+    run = new_run_id()
+    manifests = [r.manifest for r in readers]
+    manifest = build_manifest(
+        fingerprint,
+        run,
+        manifest_extra or {},
+        schema=merged,
+        schema_declared=schema is not None,
+        totals={
+            "num_samples": sum(int(m["num_samples"]) for m in manifests),
+            "num_blocks": len(index),
+            "raw_bytes": sum(int(m["raw_bytes"]) for m in manifests),
+            "stored_bytes": sum(int(m["stored_bytes"]) for m in manifests),
+        },
+        shards=shards,
+        index_bytes=index_bytes,
+        write_options=manifests[0].get("write_options", {}) if manifests else {},
+        more={
+            "partitions": len(ids),
+            **({} if ids == list(range(len(ids))) else {"partition_ids": ids}),
+        },
+    )
+    won = publish(store, fingerprint, run, index_bytes, manifest)
+    if not won:
+        store.remove_tree(f"{fingerprint}/runs/{run}")
+    return won
+
+
+def _joined(
+    readers: list[SnapshotReader], fingerprint: str
+) -> tuple[np.ndarray[Any, Any], list[dict[str, Any]]]:
+    """The partitions' block indexes as one (shard numbers offset) and their shard entries,
+    each pointing into its partition's run with ``dir``."""
     indexes: list[np.ndarray[Any, Any]] = []
     shards: list[dict[str, Any]] = []
     for reader in readers:
@@ -126,38 +165,7 @@ def commit_partitions(
         for entry, name in zip(reader.manifest["shards"], reader.shard_paths):
             shards.append({**entry, "path": name.rsplit("/", 1)[-1], "dir": run_dir})
     index = np.concatenate(indexes) if indexes else np.zeros(0, fmt.INDEX_DTYPE)
-    index_bytes = fmt.write_index(index)
-    run = new_run_id()
-    manifests = [r.manifest for r in readers]
-    manifest = {
-        **dict(manifest_extra or {}),
-        "format": "snapstore",
-        "format_version": fmt.FORMAT_VERSION,
-        "fingerprint": fingerprint,
-        "run": run,
-        "created_at": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
-        "host": socket.gethostname(),
-        "pid": os.getpid(),
-        "schema": merged.to_json(),
-        "schema_declared": schema is not None,
-        "num_samples": sum(int(m["num_samples"]) for m in manifests),
-        "num_blocks": len(index),
-        "raw_bytes": sum(int(m["raw_bytes"]) for m in manifests),
-        "stored_bytes": sum(int(m["stored_bytes"]) for m in manifests),
-        "shards": shards,
-        "index": {
-            "path": fmt.INDEX_NAME,
-            "size": len(index_bytes),
-            "crc32": fmt.checksum(index_bytes),
-        },
-        "partitions": len(ids),
-        **({} if ids == list(range(len(ids))) else {"partition_ids": ids}),
-        "write_options": manifests[0].get("write_options", {}) if manifests else {},
-    }
-    won = publish(store, fingerprint, run, index_bytes, manifest)
-    if not won:
-        store.remove_tree(f"{fingerprint}/runs/{run}")
-    return won
+    return index, shards
 
 
 def _merged_schema(

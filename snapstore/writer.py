@@ -110,6 +110,45 @@ class WriteOptions:
                 )
 
 
+def build_manifest(
+    fingerprint: str,
+    run: str,
+    extra: Mapping[str, Any],
+    *,
+    schema: Schema,
+    schema_declared: bool,
+    totals: Mapping[str, int],
+    shards: list[dict[str, Any]],
+    index_bytes: bytes,
+    write_options: Mapping[str, Any],
+    more: Mapping[str, Any] | None = None,
+) -> dict[str, Any]:
+    """A run's manifest (section 5 of docs/format.md): ``extra`` first, then the format's keys;
+    ``totals`` holds ``num_samples``, ``num_blocks``, ``raw_bytes`` and ``stored_bytes``, and
+    ``more`` keys go before ``write_options``."""
+    return {
+        **extra,
+        "format": "snapstore",
+        "format_version": fmt.FORMAT_VERSION,
+        "fingerprint": fingerprint,
+        "run": run,
+        "created_at": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
+        "host": socket.gethostname(),
+        "pid": os.getpid(),
+        "schema": schema.to_json(),
+        "schema_declared": schema_declared,
+        **{key: totals[key] for key in ("num_samples", "num_blocks", "raw_bytes", "stored_bytes")},
+        "shards": shards,
+        "index": {
+            "path": fmt.INDEX_NAME,
+            "size": len(index_bytes),
+            "crc32": fmt.checksum(index_bytes),
+        },
+        **(more or {}),
+        "write_options": dict(write_options),
+    }
+
+
 def publish(
     store: Store, fingerprint: str, run: str, index_bytes: bytes, manifest: dict[str, Any]
 ) -> bool:
@@ -468,30 +507,22 @@ class SnapshotWriter:
         self._io.submit(self._close_shard).result()
 
     def _manifest(self, index: np.ndarray[Any, Any], index_bytes: bytes) -> dict[str, Any]:
-        schema = self.schema or Schema(())
-        return {
-            **self._extra,
-            "format": "snapstore",
-            "format_version": fmt.FORMAT_VERSION,
-            "fingerprint": self.fingerprint,
-            "run": self.run,
-            "created_at": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
-            "host": socket.gethostname(),
-            "pid": os.getpid(),
-            "schema": schema.to_json(),
-            "schema_declared": self._declared is not None,
-            "num_samples": self._count,
-            "num_blocks": len(index),
-            "raw_bytes": self._raw_bytes,
-            "stored_bytes": self._stored_bytes,
-            "shards": self._shards,
-            "index": {
-                "path": fmt.INDEX_NAME,
-                "size": len(index_bytes),
-                "crc32": fmt.checksum(index_bytes),
+        return build_manifest(
+            self.fingerprint,
+            self.run,
+            self._extra,
+            schema=self.schema or Schema(()),
+            schema_declared=self._declared is not None,
+            totals={
+                "num_samples": self._count,
+                "num_blocks": len(index),
+                "raw_bytes": self._raw_bytes,
+                "stored_bytes": self._stored_bytes,
             },
-            "write_options": asdict(self.options),
-        }
+            shards=self._shards,
+            index_bytes=index_bytes,
+            write_options=asdict(self.options),
+        )
 
     def commit(self) -> bool:
         """Finish writing and make the snapshot visible.
