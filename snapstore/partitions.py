@@ -22,6 +22,7 @@ from .reader import SnapshotReader
 from .schema import Schema
 from .store import Store
 from .writer import (
+    Columns,
     ProgressCallback,
     SnapshotWriter,
     WriteOptions,
@@ -49,7 +50,7 @@ def write_partition(
     store: Store,
     fingerprint: str,
     partition: int,
-    samples: Callable[[], Iterable[Mapping[str, Any]]],
+    samples: Callable[[], Iterable[Mapping[str, Any] | Columns]],
     *,
     schema: Schema | None = None,
     options: WriteOptions | None = None,

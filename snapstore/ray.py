@@ -65,12 +65,12 @@ from . import format as fmt
 from .columns import BlockColumns, column_rows
 from .errors import SchemaError, SnapshotExistsError
 from .fingerprint import Fingerprint, fingerprint_key
-from .partitions import PARTS_DIR, commit_partitions, partition_dir
+from .partitions import PARTS_DIR, commit_partitions, partition_dir, write_partition
 from .reader import SnapshotReader, load_manifest
 from .schema import Schema
 from .snapshot import Snapshot, resolve_fingerprint
 from .store import Store, open_store, portable, reopen
-from .writer import SnapshotWriter, WriteOptions
+from .writer import Columns, WriteOptions
 
 __all__ = [
     "PartitionWritten",
@@ -300,23 +300,20 @@ class SnapshotDatasink(Datasink[PartitionWritten]):
         task = int(ctx.task_idx)
         partition = self._partition(task)
 
-        # write_partition's steps, with whole blocks given to add_batch instead of rows to add.
-        writer = SnapshotWriter(
+        def columns() -> Iterator[Columns]:
+            for block in blocks:
+                data = block_columns(block)
+                if data:
+                    yield Columns(data)
+
+        won = write_partition(
             self.store,
-            partition_dir(self.fingerprint, partition),
-            {"partition": partition, "snapshot": self.fingerprint},
+            self.fingerprint,
+            partition,
+            columns,
             schema=self.schema,
             options=self.options,
         )
-        try:
-            for block in blocks:
-                columns = block_columns(block)
-                if columns:
-                    writer.add_batch(columns)
-        except BaseException:
-            writer.abort()
-            raise
-        won = writer.commit()
         manifest = load_manifest(self.store, partition_dir(self.fingerprint, partition))
         return PartitionWritten(
             task=task,
