@@ -218,6 +218,7 @@ class Engine:
 
     name = "engine"
     workers = 1
+    fallback = False  # run on threads when a task cannot be sent (see ProcessEngine)
 
     def prepare(self, task: PartitionTask, stage: Callable[..., Any]) -> PartitionTask:
         """``task`` (holding the stage's function and the Store) in the form this engine sends.

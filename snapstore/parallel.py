@@ -100,7 +100,7 @@ def _prepare(
     try:
         return [engine.prepare(t, stage) for t in pending], engine
     except CannotTravelError as exc:
-        if not getattr(engine, "fallback", False):
+        if not engine.fallback:
             raise
         log.warning("snapstore: %s Running the partitions on threads instead.", exc)
         threads = ThreadEngine(engine.workers)

@@ -18,7 +18,6 @@ fingerprint) and open the snapshot lazily in the process that reads, so they wor
 from __future__ import annotations
 
 import operator
-import os
 from collections.abc import Iterator, Mapping
 from typing import Any
 
@@ -34,6 +33,7 @@ except ImportError as exc:  # pragma: no cover - depends on the environment
     ) from exc
 
 from .batches import BatchReader
+from .engines import usable_cores
 from .errors import ResumeError
 from .snapshot import Snapshot
 from .snapshot import open as open_snapshot
@@ -116,11 +116,6 @@ class _Location:
 
     def __getstate__(self) -> dict[str, Any]:
         return {"fingerprint": self.fingerprint, "root": self.root, "opened": None}
-
-
-def _cpus() -> int:
-    """CPUs this process may run on."""
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
 
 
 def _place(rank: int | None, world_size: int | None) -> tuple[int, int]:
@@ -239,7 +234,7 @@ class SnapshotIterableDataset(IterableDataset[dict[str, Any]]):
         if get_worker_info() is not None and options.get("decode_threads") is None:
             # The workers share the cores with each other and with the training process:
             # decode threads beyond a worker's share of them only steal time from its transform.
-            options["decode_threads"] = max(1, min(4, _cpus() // num_workers))
+            options["decode_threads"] = max(1, min(4, usable_cores() // num_workers))
         return snap.batches(
             epoch=epoch,
             rank=self.rank,
