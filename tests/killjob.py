@@ -13,6 +13,26 @@ import subprocess
 import time
 from pathlib import Path
 
+# The start of a job script: a partitioned stage that logs each item it starts to ``log`` and
+# sleeps ``$SLOW`` seconds per item. The script adds its engine set-up under its own
+# ``if __name__ == "__main__":`` and calls ``run(engine)``.
+JOB_STAGE = """
+import json, os, sys, time
+import snapstore
+
+def stage(items, log=""):
+    for item in items:
+        with open(log, "a") as f:
+            f.write(f"{item}\\n")
+        time.sleep(float(os.environ.get("SLOW", "0")))
+        yield {"item": item}
+
+def run(engine):
+    snap = snapstore.snapshot(stage, root=sys.argv[1], partition_by="items", ignore=("log",),
+                              engine=engine)(list(range(8)), log=sys.argv[2])
+    print(json.dumps([int(s["item"]) for s in snap]))
+"""
+
 
 def started(log: Path) -> set[int]:
     """The items the job's stage started (first field of each line of ``log``)."""

@@ -18,7 +18,7 @@ distributed = pytest.importorskip(
     "distributed", reason="dask.distributed is not installed: pip install 'snapstore[dask]'"
 )
 
-from killjob import kill_mid_way, left_behind, started  # noqa: E402
+from killjob import JOB_STAGE, kill_mid_way, left_behind, started  # noqa: E402
 
 import snapstore  # noqa: E402
 from snapstore.engines import DaskEngine  # noqa: E402
@@ -107,29 +107,20 @@ def test_without_retries_the_failure_reaches_the_caller(client: Any, tmp_path: P
     assert not call(list(range(3))).committed
 
 
-JOB = """
-import json, os, sys, time
+JOB = (
+    JOB_STAGE
+    + """
 import distributed
-import numpy as np
-import snapstore
-
-def stage(items, log=""):
-    for item in items:
-        with open(log, "a") as f:
-            f.write(f"{item}\\n")
-        time.sleep(float(os.environ.get("SLOW", "0")))
-        yield {"item": item}
 
 if __name__ == "__main__":
     cluster = distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=True,
                                        dashboard_address=None, host="127.0.0.1")
     client = distributed.Client(cluster)
-    snap = snapstore.snapshot(stage, root=sys.argv[1], partition_by="items", ignore=("log",),
-                              engine=client)(list(range(8)), log=sys.argv[2])
-    print(json.dumps([int(s["item"]) for s in snap]))
+    run(client)
     client.close()
     cluster.close()
 """
+)
 
 
 def test_a_killed_job_leaves_nothing_visible_and_the_rerun_completes(tmp_path: Path) -> None:

@@ -10,30 +10,22 @@ import textwrap
 from pathlib import Path
 
 import pytest
-from killjob import kill_mid_way, left_behind, started
+from killjob import JOB_STAGE, kill_mid_way, left_behind, started
 
 pytest.importorskip("ray", reason="Ray is not installed: pip install 'snapstore[ray]'")
 
-JOB = """
-import json, os, sys, time
+JOB = (
+    JOB_STAGE
+    + """
 import ray
-import snapstore
-
-def stage(items, log=""):
-    for item in items:
-        with open(log, "a") as f:
-            f.write(f"{item}\\n")
-        time.sleep(float(os.environ.get("SLOW", "0")))
-        yield {"item": item}
 
 if __name__ == "__main__":
     ray.init(num_cpus=2, object_store_memory=80 * 2**20, include_dashboard=False,
              log_to_driver=False)
-    snap = snapstore.snapshot(stage, root=sys.argv[1], partition_by="items", ignore=("log",),
-                              engine="ray")(list(range(8)), log=sys.argv[2])
-    print(json.dumps([int(s["item"]) for s in snap]))
+    run("ray")
     ray.shutdown()
 """
+)
 
 
 def test_a_killed_ray_job_leaves_nothing_visible_and_the_rerun_completes(tmp_path: Path) -> None:
