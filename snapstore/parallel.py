@@ -91,7 +91,10 @@ def compute_partitions(job: PartitionJob, engine: Engine, stage: Callable[..., A
         for _, claim in running.values():
             claim.release()
         pool.shutdown(wait=clean, cancel_futures=True)
-    return not stopped and all(job.done(t.partition) for t in job.tasks)
+    # The loop ends with every partition committed unless it was stopped, failed (raised) or
+    # the snapshot was committed meanwhile: no need to ask the store about each partition again
+    # (commit_partitions checks them all once more anyway).
+    return not stopped and not job.committed()
 
 
 def _prepare(
