@@ -1,6 +1,6 @@
 """Fingerprints of a stage call: canonical hashing of code, values and inputs into named parts.
 
-A fingerprint is sha256 over named parts, each itself a sha256 hex digest (scheme 2)::
+A fingerprint is sha256 over named parts, each itself a sha256 hex digest (scheme 3)::
 
     scheme     FINGERPRINT_SCHEME
     code       the stage's code and, transitively, the user code it reaches (snapstore.codeid)
@@ -78,7 +78,7 @@ __all__ = [
     "hash_value",
 ]
 
-FINGERPRINT_SCHEME = 2
+FINGERPRINT_SCHEME = 3
 _DIGEST_CHARS = 32  # 128 bits: collisions need ~2**64 snapshots
 _MAX_DEPTH = 100  # a few stack frames per level stays far below the interpreter's recursion limit
 _REPR_CHARS = 80

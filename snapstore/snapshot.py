@@ -22,6 +22,7 @@ from . import claims, pins
 from . import format as fmt
 from .batches import BatchReader
 from .catalog import previous_of_stage, stored_fingerprint
+from .codeid import module_name
 from .engines import Engine, PartitionTask, make_engine
 from .errors import AmbiguousFingerprintError, BusyError, SnapshotNotFoundError, StageError
 from .explain import diff_parts
@@ -43,8 +44,17 @@ F = TypeVar("F", bound=Callable[..., Iterable[Mapping[str, Any]]])
 
 
 def _stage_name(fn: Callable[..., Any]) -> str:
-    module = getattr(fn, "__module__", None) or "?"
+    """``module.qualname``, the module named as imported (a script's stage is not ``__main__``)."""
+    module = module_name(getattr(fn, "__module__", None) or "?", getattr(fn, "__globals__", None))
     return f"{module}.{getattr(fn, '__qualname__', repr(fn))}"
+
+
+def _renamed_note(old: str, new: str) -> str:
+    return (
+        f"the stage was found under its old script name {old}: since fingerprint scheme 3 "
+        f"a function in a file run as a script is named as its import would name it ({new}), "
+        "so a snapshot written by `python <script>.py` with an earlier snapstore is not reused"
+    )
 
 
 class Snapshot:
@@ -357,9 +367,15 @@ class Stage:
         if snap._fp is None:
             return None
         previous = previous_of_stage(snap.store, self.name, exclude=snap.fingerprint)
+        renamed = None
+        if previous is None and not self.name.startswith("__main__."):
+            renamed = f"__main__.{getattr(self.fn, '__qualname__', '')}"
+            previous = previous_of_stage(snap.store, renamed, exclude=snap.fingerprint)
         if previous is None:
             return None
         differences = diff_parts(stored_fingerprint(snap.store, previous), snap._fp)
+        if renamed is not None:
+            differences.insert(0, _renamed_note(renamed, self.name))
         log.warning(
             "snapstore: no snapshot of %s with fingerprint %s under %s; computing it. "
             "It differs from the most recent one (%s): %s",
