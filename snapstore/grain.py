@@ -43,10 +43,10 @@ from typing import Any
 import numpy as np
 
 from .columns import RowCopy, gather
+from .handle import SnapshotHandle
 from .reader import SnapshotReader
 from .snapshot import Snapshot
 from .snapshot import open as open_snapshot
-from .store import portable, reopen
 
 __all__ = ["SnapshotSource"]
 
@@ -85,21 +85,14 @@ class SnapshotSource:
                 f"{type(snapshot_or_fingerprint).__name__}"
             )
         self.fingerprint = snap.fingerprint
-        self._where = portable(snap.store, "Grain worker processes")
+        # Reopened in each worker process, whether it was spawned or forked.
+        self._handle = SnapshotHandle(snap, "Grain worker processes")
         self._url = snap.store.url
-        self._snapshot: Snapshot | None = snap
         self._len = len(snap)
 
-    def __getstate__(self) -> dict[str, Any]:
-        state = self.__dict__.copy()
-        state["_snapshot"] = None  # its reader's caches and threads stay in this process
-        return state
-
     def _reader(self) -> SnapshotReader:
-        if self._snapshot is None:
-            self._snapshot = Snapshot(reopen(self._where), self.fingerprint)
         # Snapshot._open pins the snapshot, so cleaning never removes it under a reader.
-        return self._snapshot._open()
+        return self._handle.open()._open()
 
     def __len__(self) -> int:
         return self._len

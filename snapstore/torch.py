@@ -18,6 +18,7 @@ fingerprint) and open the snapshot lazily in the process that reads, so they wor
 from __future__ import annotations
 
 import operator
+import os
 from collections.abc import Iterator, Mapping
 from typing import Any
 
@@ -35,9 +36,9 @@ except ImportError as exc:  # pragma: no cover - depends on the environment
 from .batches import BatchReader
 from .engines import usable_cores
 from .errors import ResumeError
+from .handle import SnapshotHandle
 from .snapshot import Snapshot
 from .snapshot import open as open_snapshot
-from .store import Store, portable, reopen
 
 __all__ = ["SnapshotDataset", "SnapshotIterableDataset", "to_tensors"]
 
@@ -89,33 +90,18 @@ def to_tensors(sample: Mapping[str, Any]) -> dict[str, Any]:
     return out
 
 
-class _Location:
-    """Where a snapshot lives, in a form that pickles: the store's root and the fingerprint."""
-
-    def __init__(self, snapshot_or_fingerprint: Snapshot | str, root: Any) -> None:
-        if isinstance(snapshot_or_fingerprint, Snapshot):
-            snap = snapshot_or_fingerprint.materialize()
-            store: Store = snap.store
-            fingerprint = snap.fingerprint
-        elif isinstance(snapshot_or_fingerprint, str):
-            snap = open_snapshot(snapshot_or_fingerprint, root)
-            store, fingerprint = snap.store, snap.fingerprint
-        else:
-            raise TypeError(
-                "expected a Snapshot or a fingerprint string, found "
-                f"{type(snapshot_or_fingerprint).__name__}"
-            )
-        self.fingerprint = fingerprint
-        self.root = portable(store, "DataLoader workers")
-        self.opened: Snapshot | None = snap
-
-    def open(self) -> Snapshot:
-        if self.opened is None:
-            self.opened = Snapshot(reopen(self.root), self.fingerprint)
-        return self.opened
-
-    def __getstate__(self) -> dict[str, Any]:
-        return {"fingerprint": self.fingerprint, "root": self.root, "opened": None}
+def _handle(snapshot_or_fingerprint: Snapshot | str, root: Any) -> SnapshotHandle:
+    """The snapshot (materialized if needed) or fingerprint, as a handle for worker processes."""
+    if isinstance(snapshot_or_fingerprint, Snapshot):
+        snap = snapshot_or_fingerprint.materialize()
+    elif isinstance(snapshot_or_fingerprint, str):
+        snap = open_snapshot(snapshot_or_fingerprint, root)
+    else:
+        raise TypeError(
+            "expected a Snapshot or a fingerprint string, found "
+            f"{type(snapshot_or_fingerprint).__name__}"
+        )
+    return SnapshotHandle(snap, "DataLoader workers")
 
 
 def _place(rank: int | None, world_size: int | None) -> tuple[int, int]:
@@ -204,13 +190,14 @@ class SnapshotIterableDataset(IterableDataset[dict[str, Any]]):
         world_size: int | None = None,
         **batches_options: Any,
     ) -> None:
-        self._location = _Location(snapshot_or_fingerprint, root)
+        self._location = _handle(snapshot_or_fingerprint, root)
         self.rank, self.world_size = _place(rank, world_size)
         self.epoch = 0
         self._options: dict[str, Any] = dict(batches_options)
         self._options |= {"batch_size": batch_size, "shuffle": shuffle, "seed": seed}
         self._options |= {"drop_last": drop_last}
         self._reader: BatchReader | None = None
+        self._reader_pid = os.getpid()
         self._pending: dict[str, int] | None = None
         # Fail here, not in a worker, on a bad argument.
         self._make_reader(0, 0, 1).close()
@@ -248,6 +235,10 @@ class SnapshotIterableDataset(IterableDataset[dict[str, Any]]):
         info = get_worker_info()
         worker, num_workers = (0, 1) if info is None else (info.id, info.num_workers)
         previous, self._reader = self._reader, None
+        if self._reader_pid != os.getpid():
+            # Forked from a process that had read: that reader (its threads, its epoch) is the
+            # parent's, neither this worker's previous pass nor ours to close.
+            previous, self._reader_pid = None, os.getpid()
         epoch = self.epoch
         if self._pending is not None:
             epoch = self._pending["epoch"]
@@ -324,7 +315,7 @@ class SnapshotDataset(Dataset[dict[str, Any]]):
     """
 
     def __init__(self, snapshot_or_fingerprint: Snapshot | str, root: Any = None) -> None:
-        self._location = _Location(snapshot_or_fingerprint, root)
+        self._location = _handle(snapshot_or_fingerprint, root)
         self._len = len(self._location.open())
 
     def __len__(self) -> int:
