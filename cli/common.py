@@ -8,9 +8,17 @@ from typing import Any
 
 import click
 
-from snapstore.store import Store, default_root, open_store
+from snapstore.store import Store, default_root, open_store, root_missing
 
-__all__ = ["Context", "human_bytes", "parse_duration", "parse_options", "parse_size", "table"]
+__all__ = [
+    "Context",
+    "human_bytes",
+    "no_snapshots",
+    "parse_duration",
+    "parse_options",
+    "parse_size",
+    "table",
+]
 
 
 def human_bytes(n: float | None) -> str:
@@ -47,6 +55,16 @@ class Context:
         if self._store is None:
             self._store = open_store(self.root, **self.options)
         return self._store
+
+
+def no_snapshots(store: Store) -> str:
+    """What an empty listing prints: says so when the root does not exist (a mistyped path)."""
+    if root_missing(store):
+        return (
+            f"no snapshots under {store.url}: the directory does not exist (yet); check the "
+            "path if you expected snapshots there (--root or $SNAPSTORE_ROOT)"
+        )
+    return f"no snapshots under {store.url}"
 
 
 def parse_options(pairs: tuple[str, ...], option: str = "--storage-option") -> dict[str, Any]:

@@ -22,7 +22,15 @@ from snapstore.gc import Policy, collect_garbage, select_snapshots
 from snapstore.snapshot import resolve_fingerprint
 from snapstore.verify import verify_snapshot
 
-from .common import Context, human_bytes, parse_duration, parse_options, parse_size, table
+from .common import (
+    Context,
+    human_bytes,
+    no_snapshots,
+    parse_duration,
+    parse_options,
+    parse_size,
+    table,
+)
 
 __all__ = ["main"]
 
@@ -116,7 +124,12 @@ def ls_command(
     reverse: bool,
     as_json: bool,
 ) -> None:
-    """List the snapshots under the root: who made them, when, how big, whether in use."""
+    """List the snapshots under the root: who made them, when, how big, whether in use.
+
+    CREATED and LAST READ are UTC. CREATED is to the second; LAST READ is recorded to the
+    hour (one marker per hour a reader opened the snapshot), so 2026-11-24T12:00:00 means a
+    read between 12:00 and 13:00 UTC.
+    """
     infos = list_snapshots(obj.store)
     if stage is not None:
         infos = [i for i in infos if stage in (i.get("stage") or "")]
@@ -133,14 +146,14 @@ def ls_command(
         click.echo(json.dumps(payload, indent=2))
         return
     if not infos:
-        click.echo(f"no snapshots under {obj.store.url}")
+        click.echo(no_snapshots(obj.store))
         return
     rows = [
         [
             i["fingerprint"][:12],
             i.get("stage") or "-",
             (i.get("created_at") or "-")[:19],
-            (i.get("last_read") or "-")[:13],
+            (i.get("last_read") or "-")[:19],  # the hour, written as CREATED is
             str(i.get("samples", "-")),
             human_bytes(i["bytes"]),
             _state(i),

@@ -11,7 +11,7 @@ import click
 from snapstore.snapshot import list_fingerprints, resolve_fingerprint
 from snapstore.verify import VerifyReport, verify_snapshot
 
-from .common import Context, human_bytes
+from .common import Context, human_bytes, no_snapshots
 
 __all__ = ["COMMANDS"]
 
@@ -99,7 +99,7 @@ def verify_command(
         data = {"root": store.url, "snapshots": [r.to_json() for r in reports]}
         click.echo(json.dumps(data, indent=2))
     elif not reports:
-        click.echo(f"no snapshots under {store.url}")
+        click.echo(no_snapshots(store))
     else:
         click.echo(f"{len(reports)} snapshot(s) verified, {failed} failed")
     if failed:

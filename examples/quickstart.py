@@ -87,6 +87,7 @@ def run(num_samples: int, root: str | None) -> None:
     t = time.perf_counter()
     snap.materialize(progress=progress_bar(num_samples))
     first = time.perf_counter() - t
+    created = snap.manifest["created_at"][:19].replace("T", " ")
     if sys.stderr.isatty():
         sys.stderr.write("\n")
 
@@ -96,8 +97,13 @@ def run(num_samples: int, root: str | None) -> None:
     snap.close()
 
     print(f"{'recompute one epoch':<34}{recompute:8.2f} s")
-    label = "first run (already committed)" if already else "first run (compute + write)"
-    print(f"{label:<34}{first:8.2f} s")
+    if already:  # a run before this one (the root outlives the script) committed it
+        print(f"{'first run (already committed)':<34}an earlier run's snapshot, created {created} "
+              f"UTC, found\n{'':<34}under {snap.store.url}: nothing to compute "
+              f"(`snapstore{' --root ' + root if root else ''} rm {snap.fingerprint[:12]}` "
+              "to start over)")  # fmt: skip
+    else:
+        print(f"{'first run (compute + write)':<34}{first:8.2f} s")
     print(
         f"{'epoch from the snapshot':<34}{second:8.2f} s   {recompute / second:6.1f}x faster "
         f"({seen / second:,.0f} samples/s, shuffled, batches of 256)"

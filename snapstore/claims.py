@@ -15,6 +15,10 @@ create-if-absent works, object stores included):
 - ``released-<g>``: the owner gave generation ``g`` up (it committed, or its stage failed);
   JSON with the owner id and the wall time.
 
+A job whose stage failed releases its claim and then removes the claim's files
+(:meth:`Claim.abandon`), unless another job has claimed the fingerprint since; a job that
+crashes leaves them, and ``snapstore gc`` removes them once they have expired.
+
 A claim is **live** unless it was released or it has **expired**: its newest heartbeat (or the
 claim itself, before the first beat) is older than the lease by the observer's wall clock, or
 an observer that watches it has seen no new heartbeat for a whole lease by its own monotonic
@@ -35,7 +39,7 @@ import secrets
 import socket
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -247,6 +251,7 @@ class Claim:
         self.generation = generation
         self.owner = owner
         self.lease = lease
+        self.released = False
         self._clock = clock
         self._heartbeat = Renewal(
             store,
@@ -268,8 +273,12 @@ class Claim:
         self._heartbeat.start("snapstore-heartbeat")
 
     def release(self) -> None:
-        """Stop the heartbeat and mark the claim released (others stop waiting for it)."""
+        """Stop the heartbeat and mark the claim released (others stop waiting for it). Safe
+        to call twice."""
         self._heartbeat.stop()
+        if self.released:
+            return
+        self.released = True
         try:
             self.store.create_if_absent(
                 _path(self.fingerprint, f"released-{self.generation:08d}"),
@@ -277,6 +286,33 @@ class Claim:
             )
         except Exception:  # the lease expires anyway
             log.warning("could not release the claim on %s", self.fingerprint, exc_info=True)
+
+    def abandon(self, empty_dirs: Sequence[str] = ()) -> bool:
+        """After a failure: release the claim, then remove its files and those of older
+        generations, unless another job has claimed the fingerprint since.
+
+        Parameters
+        ----------
+        empty_dirs : sequence of str
+            Directories the failed attempt may have left empty (its ``runs``, the fingerprint
+            directory), removed after the claims in this order if they are empty.
+
+        Returns
+        -------
+        bool
+            Whether the files were removed (best effort: a store error is logged, not raised,
+            and the files are left to ``snapstore gc``).
+        """
+        self.release()
+        try:
+            if not _remove_through(self.store, self.fingerprint, self.generation):
+                return False
+            for path in empty_dirs:
+                self.store.remove_empty_dir(path)
+            return True
+        except Exception:
+            log.debug("could not remove the claim on %s", self.fingerprint, exc_info=True)
+            return False
 
     def __enter__(self) -> Claim:
         self.start_heartbeat()
@@ -362,6 +398,47 @@ def _stalled(state: ClaimState, clock: Clock, watched: dict[str, Any] | None) ->
     lease = state.holder.get("lease")
     limit = float(lease) if isinstance(lease, (int, float)) else float(watched.get("lease", 60.0))
     return now - float(watched["since"]) > limit
+
+
+def _generation(name: str) -> int | None:
+    m = _CLAIM.fullmatch(name) or _RELEASED.fullmatch(name) or _BEAT.fullmatch(name)
+    return int(m.group(1)) if m else None
+
+
+def _remove_through(store: Store, fingerprint: str, generation: int) -> bool:
+    """Remove the claim files of generations up to ``generation`` (released by its holder,
+    this job), and the claims directory if that leaves it empty; nothing if a newer
+    generation exists.
+
+    Why this never removes a claim that another job holds or is about to hold: a job claims by
+    creating ``claim-<max + 1>`` only if absent, where ``max`` is the newest generation it
+    lists. (1) Until ``claim-<generation>`` is gone, every job lists it as the newest (or sees
+    a newer one), so it can only create a generation above ours: if that happened before our
+    listing, we remove nothing; if after, we remove only names at or below ours, never its
+    files. (2) ``claim-<generation>`` is removed last, so older generations are gone before a
+    job can list this directory as holding none; its new ``claim-00000000`` comes after our
+    last removal. (3) The files of older generations belong to holders that were taken over
+    (expired, or released): removing them takes nothing from a live claim. (4) ``released``
+    goes just before the claim file: the other way round, a job could create a new claim of
+    that name while our released marker still stood, and others would take its live claim
+    for a released one. In between, a job that lists the directory sees our claim
+    unreleased and waits one more poll, or takes it over if its lease has run out, which (1)
+    covers. (5) The directory
+    goes only if it is empty, in one step that fails when another job has put a file in it
+    (:meth:`Store.remove_empty_dir`); a job that makes the directory just as we remove it
+    retries (see ``store._create_in_dir``). At worst another job waits a poll longer; claims
+    are an optimization, and the commit record decides what is committed in any case.
+    """
+    names = store.list_dir(_path(fingerprint))
+    generations = {n: g for n in names if (g := _generation(n)) is not None}
+    if any(g > generation for g in generations.values()):
+        return False  # another job claimed it after our release: its files, its cleanup
+    ours = [n for n, g in generations.items() if g <= generation]
+    last = (f"released-{generation:08d}", f"claim-{generation:08d}")
+    for name in sorted(ours, key=lambda n: (last.index(n) if n in last else -1, n)):
+        store.remove_tree(_path(fingerprint, name))
+    store.remove_empty_dir(_path(fingerprint))
+    return True
 
 
 def remove_claims(store: Store, fingerprint: str) -> None:

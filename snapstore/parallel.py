@@ -9,6 +9,7 @@ commit single partitions (:func:`snapstore.engines.run_partition`).
 On the first failed partition no new partition starts; the ones running finish (and are kept,
 so a rerun skips them), then the failure is raised with the partition it came from. Nothing of
 the snapshot is visible until every partition is committed and the caller commits the whole.
+The claims this job took are then removed, with the directories a failed partition left empty.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from typing import Any
 
 from . import claims
 from .engines import CannotTravelError, Engine, PartitionTask, ThreadEngine, run_partition
-from .partitions import partition_dir, partition_done
+from .partitions import PARTS_DIR, partition_dir, partition_done
 from .store import Store
 from .writer import ProgressCallback
 
@@ -53,6 +54,7 @@ class PartitionJob:
     finished: int = 0
     watched: dict[int, dict[str, Any]] = field(default_factory=dict)
     lost: list[int] = field(default_factory=list)  # running when a worker process died
+    held: list[tuple[int, claims.Claim]] = field(default_factory=list)  # every claim taken
 
     def done(self, partition: int) -> bool:
         return partition_done(self.store, self.fingerprint, partition)
@@ -91,10 +93,22 @@ def compute_partitions(job: PartitionJob, engine: Engine, stage: Callable[..., A
         for _, claim in running.values():
             claim.release()
         pool.shutdown(wait=clean, cancel_futures=True)
+        if not clean:
+            _abandon(job)
     # The loop ends with every partition committed unless it was stopped, failed (raised) or
     # the snapshot was committed meanwhile: no need to ask the store about each partition again
     # (commit_partitions checks them all once more anyway).
     return not stopped and not job.committed()
+
+
+def _abandon(job: PartitionJob) -> None:
+    """After a failure (or a Ctrl-C): remove the claims this job took, committed partitions'
+    included (a rerun never claims those again), unless another job claimed one since (see
+    :meth:`claims.Claim.abandon`), and the directories of failed partitions left empty."""
+    fp = job.fingerprint
+    for partition, claim in job.held:
+        where = partition_dir(fp, partition)
+        claim.abandon((f"{where}/runs", where, f"{fp}/{PARTS_DIR}", fp))
 
 
 def _prepare(
@@ -184,6 +198,7 @@ def _launch(
                 return False, True
             waiting = True
             continue
+        job.held.append((p, claim))
         claim.start_heartbeat()
         try:
             future = pool.submit(run_partition, task)

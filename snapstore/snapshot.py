@@ -24,7 +24,13 @@ from .batches import BatchReader
 from .catalog import previous_of_stage, stored_fingerprint
 from .codeid import module_name
 from .engines import Engine, PartitionTask, make_engine
-from .errors import AmbiguousFingerprintError, BusyError, SnapshotNotFoundError, StageError
+from .errors import (
+    AmbiguousFingerprintError,
+    BusyError,
+    SnapshotNotFoundError,
+    SnapstoreError,
+    StageError,
+)
 from .explain import diff_parts
 from .fingerprint import Fingerprint, fingerprint_stage
 from .parallel import PartitionJob, compute_partitions
@@ -32,7 +38,7 @@ from .partitions import PARTS_DIR, commit_partitions, partition_dir
 from .plan import PlanOptions
 from .reader import SnapshotReader, load_manifest
 from .schema import Schema
-from .store import LocalStore, Store, open_store
+from .store import LocalStore, Store, open_store, root_missing
 from .writer import ProgressCallback, SnapshotWriter, WriteOptions
 
 __all__ = ["Snapshot", "Stage", "open", "resolve_fingerprint", "snapshot"]
@@ -85,8 +91,9 @@ class Snapshot:
         self._batch_readers: weakref.WeakSet[BatchReader] = weakref.WeakSet()
         self._pin: pins.Pin | None = None
         self.miss_explanation: dict[str, Any] | None = None
-        """Set when materializing had to compute: the most recent committed snapshot of the same
-        stage (``"previous"``) and why this fingerprint differs from it (``"differences"``)."""
+        """Set when materializing found no snapshot (and computed it, or waited for the job that
+        did): the most recent committed snapshot of the same stage (``"previous"``) and why this
+        fingerprint differs from it (``"differences"``)."""
 
     def __repr__(self) -> str:
         state = "committed" if self.committed else "not materialized"
@@ -133,13 +140,13 @@ class Snapshot:
             Whatever the stage raised, with a note that nothing was committed.
         """
         if self.committed:
+            _log_found(self)
             return self
         if self._stage is None:
             raise SnapshotNotFoundError(
                 f"snapshot {self.fingerprint} is not committed under {self.store.url}"
             )
-        self.miss_explanation = self._stage.explain_miss(self)
-        self._stage.write(self, progress)
+        self._stage.write(self, progress)  # explains the miss once it knows what it does
         return self
 
     def _open(self) -> SnapshotReader:
@@ -280,6 +287,23 @@ class Snapshot:
         self.close()
 
 
+def _log_found(snap: Snapshot, how: str = "") -> None:
+    """One INFO line for a cache hit, ``how`` appended (the manifest is read only when INFO is
+    logged)."""
+    if not log.isEnabledFor(logging.INFO):
+        return
+    try:
+        manifest = load_manifest(snap.store, snap.fingerprint)
+    except (SnapstoreError, OSError):  # reading it says what is wrong; a log line need not
+        log.debug("snapstore: cannot read the manifest of %s", snap.fingerprint, exc_info=True)
+        return
+    log.info(
+        "snapstore: found snapshot %s of %s under %s (%d samples, %s bytes stored)%s",
+        snap.fingerprint, manifest.get("stage") or "?", snap.store.url,
+        int(manifest["num_samples"]), f"{int(manifest['stored_bytes']):,}", how,
+    )  # fmt: skip
+
+
 class Stage:
     """A function wrapped by :func:`snapshot`; calling it returns a :class:`Snapshot`."""
 
@@ -362,8 +386,9 @@ class Stage:
         fp = self.fingerprint(*args, **kwargs)
         return Snapshot(open_store(self.root), fp, stage=self, args=args, kwargs=kwargs)
 
-    def explain_miss(self, snap: Snapshot) -> dict[str, Any] | None:
-        """Why no snapshot was found: the difference from this stage's most recent snapshot."""
+    def explain_miss(self, snap: Snapshot, doing: str = "computing it") -> dict[str, Any] | None:
+        """Why no snapshot was found: the difference from this stage's most recent snapshot
+        (logged, with ``doing``: what this job does about the miss)."""
         if snap._fp is None:
             return None
         previous = previous_of_stage(snap.store, self.name, exclude=snap.fingerprint)
@@ -377,9 +402,9 @@ class Stage:
         if renamed is not None:
             differences.insert(0, _renamed_note(renamed, self.name))
         log.warning(
-            "snapstore: no snapshot of %s with fingerprint %s under %s; computing it. "
+            "snapstore: no snapshot of %s with fingerprint %s under %s; %s. "
             "It differs from the most recent one (%s): %s",
-            self.name, snap.fingerprint, snap.store.url, previous,
+            self.name, snap.fingerprint, snap.store.url, doing, previous,
             "; ".join(differences) or "no recorded part differs (written by another scheme?)",
         )  # fmt: skip
         return {"previous": previous, "differences": differences}
@@ -399,22 +424,35 @@ class Stage:
             if claim is not None:
                 break
             if snap.committed:
+                _log_found(snap, ", committed meanwhile by another job")
                 return
+            if self.on_busy == "pass":
+                doing = f"computing it without storing it, since {state.describe()} holds it"
+                snap.miss_explanation = self.explain_miss(snap, doing)
             if self._busy(snap, progress, f"snapshot {snap.fingerprint} of {self.name}", state):
                 return
             if not announced:
+                doing = f"waiting for {state.describe()}, which is computing it"
+                snap.miss_explanation = self.explain_miss(snap, doing)
                 log.info(
-                    "snapstore: waiting for %s, which is computing %s (lease %.0f s)",
-                    state.describe(), snap.fingerprint, self.lease,
+                    "snapstore: waiting for %s, which is computing %s of %s (lease %.0f s)",
+                    state.describe(), snap.fingerprint, self.name, self.lease,
                 )  # fmt: skip
                 announced = True
             self.clock.sleep(min(self.lease / 4, 2.0))
             if snap.committed:
+                _log_found(snap, f", committed by {state.describe()}, which this job waited for")
                 return
-        with claim:
-            if snap.committed:  # committed between our check and our claim
-                return
-            self._compute(snap, progress)
+        try:
+            with claim:
+                if not snap.committed:  # else committed between our check and our claim
+                    snap.miss_explanation = self.explain_miss(snap)
+                    self._compute(snap, progress)
+        except BaseException:
+            # The attempt failed (a Ctrl-C too): its claim files would show in ls and gc as a
+            # leftover. Claim.abandon keeps them if another job has claimed since.
+            claim.abandon((f"{snap.fingerprint}/runs", snap.fingerprint))
+            raise
         claims.remove_claims(snap.store, snap.fingerprint)  # committed: nobody needs them
 
     def partition_calls(self, snap: Snapshot) -> list[tuple[tuple[Any, ...], dict[str, Any]]]:
@@ -457,6 +495,8 @@ class Stage:
             store, fp, self.name, tasks, self.lease, self.clock, busy,
             committed=lambda: snap.committed, progress=progress,
         )  # fmt: skip
+        # Which partitions this job computes is decided one by one, as it claims them.
+        snap.miss_explanation = self.explain_miss(snap, "computing the partitions no job holds")
         if not compute_partitions(job, make_engine(self.engine, self.workers), self.fn):
             return
         if not snap.committed:
@@ -657,7 +697,8 @@ def resolve_fingerprint(store: Store, prefix: str, *, committed_only: bool = Tru
     Raises
     ------
     SnapshotNotFoundError
-        If nothing matches (or ``prefix`` is not a plain name, such as ``../x``).
+        If nothing matches (or ``prefix`` is not a plain name, such as ``../x``); the message
+        says so when a local root does not exist.
     AmbiguousFingerprintError
         If several snapshots match.
     """
@@ -676,6 +717,12 @@ def resolve_fingerprint(store: Store, prefix: str, *, committed_only: bool = Tru
         return prefix
     if not matches:
         kind = "committed snapshot" if committed_only else "snapshot"
+        if root_missing(store):
+            raise SnapshotNotFoundError(
+                f"no {kind} matches {prefix!r}: expected a root directory at {store.url}, "
+                "found none (it does not exist); check the path (root=, --root or "
+                "$SNAPSTORE_ROOT)"
+            )
         raise SnapshotNotFoundError(
             f"no {kind} matches {prefix!r} under {store.url}; `snapstore ls` lists them"
         )

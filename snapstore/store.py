@@ -38,6 +38,7 @@ from typing import IO, Any, TypeVar
 
 from .errors import StoreError
 from .retry import _KIND_ERRNOS, _KIND_HINTS, RetryPolicy, _classify, _http_status, _no_such_bucket
+from .roots import refuse_file_root, refuse_mistyped_url
 
 __all__ = [
     "ATOMIC_CREATE_PROTOCOLS",
@@ -49,6 +50,7 @@ __all__ = [
     "open_store",
     "portable",
     "reopen",
+    "root_missing",
 ]
 
 log = logging.getLogger(__name__)
@@ -62,6 +64,20 @@ _HINTS = {
     errno.EROFS: "the filesystem is read-only; choose another root",
     errno.EDQUOT: "the disk quota is exhausted; free space or choose another root",
 }
+
+
+def _create_in_dir(path: Path, create: Callable[[], T]) -> T:
+    """``create()`` a new file at ``path`` after making its parent directories; tried again
+    if a directory vanished in between: a job whose stage failed removes its own empty
+    directories (:meth:`Store.remove_empty_dir`), and may do so right after our ``mkdir``."""
+    for attempt in itertools.count(1):
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            return create()
+        except FileNotFoundError:
+            if attempt >= 3:  # not a race but a directory removed again and again: say so
+                raise
+    raise AssertionError("unreachable: the loop returns or raises")
 
 
 @contextlib.contextmanager
@@ -147,6 +163,15 @@ class Store(ABC):
     def is_dir(self, path: str) -> bool:
         """Whether ``path`` is a directory."""
 
+    def remove_empty_dir(self, path: str) -> bool:
+        """Remove a directory only if it is empty, in one step that fails on a directory
+        another job has just put a file in; True if this call removed it.
+
+        Stores without directories (object stores) have nothing to remove, and a store that
+        cannot refuse a non-empty directory atomically removes nothing: both return False.
+        """
+        return False
+
     def sync_dir(self, path: str) -> None:  # noqa: B027 - only local filesystems need it
         """Make a directory's entries durable before something refers to them."""
 
@@ -161,8 +186,7 @@ class _SyncedFile:
         self._url = url
         self._fsync = fsync
         with _translated("create", url):
-            path.parent.mkdir(parents=True, exist_ok=True)
-            self._file = open(path, "xb")  # noqa: SIM115 - closed in close()
+            self._file = _create_in_dir(path, lambda: open(path, "xb"))  # noqa: SIM115
 
     def write(self, data: Any) -> int:
         with _translated("write", self._url):
@@ -196,6 +220,11 @@ class LocalStore(Store):
     fsync : bool
         Flush files and directories to stable storage before a commit (crash safety against
         power loss, not just process kills). Turn off only for scratch data.
+
+    Raises
+    ------
+    StoreError
+        If ``root``, or a directory above it, is a file.
     """
 
     local = True
@@ -203,6 +232,7 @@ class LocalStore(Store):
     def __init__(self, root: str | os.PathLike[str], *, fsync: bool = True) -> None:
         self.root = Path(root).expanduser().absolute()
         self.url = str(self.root)
+        refuse_file_root(os.fspath(root), self.root)
         self.fsync = fsync
         self._maps: dict[str, memoryview] = {}
         self._lock = threading.Lock()
@@ -247,8 +277,7 @@ class LocalStore(Store):
         target = self._path(path)
         tmp = target.with_name(f".{target.name}.{secrets.token_hex(6)}.tmp")
         with _translated("commit", self.join(path)):
-            target.parent.mkdir(parents=True, exist_ok=True)
-            with _SyncedFile(tmp, self.join(path), self.fsync) as f:
+            with _SyncedFile(tmp, self.join(path), self.fsync) as f:  # makes the parents
                 f.write(data)
             try:
                 os.link(tmp, target)  # fails with EEXIST if the name is taken: atomic
@@ -267,6 +296,15 @@ class LocalStore(Store):
 
     def is_dir(self, path: str) -> bool:
         return self._path(path).is_dir()
+
+    def remove_empty_dir(self, path: str) -> bool:
+        if not path.strip("/"):
+            return False  # never the root itself
+        try:
+            os.rmdir(self._path(path))  # refuses a non-empty directory, atomically
+        except OSError:  # not empty, already gone, or not a directory
+            return False
+        return True
 
     def list_dir(self, path: str) -> list[str]:
         with _translated("list", self.join(path)):
@@ -582,6 +620,22 @@ class FsspecStore(Store):
             self.protocol, self.url,
         )  # fmt: skip
 
+    def remove_empty_dir(self, path: str) -> bool:
+        # Only where rmdir refuses a non-empty directory: the local filesystem (os.rmdir) and
+        # the memory one (checks, then removes: under the lock, against our own creates).
+        # Object stores have no directories; HDFS' rmdir may remove a whole tree.
+        target = self._path(path)
+        if not path.strip("/") or self.protocol not in ("memory", "file", "local"):
+            return False
+        try:
+            with _CREATE_LOCK:
+                self.fs.rmdir(target)
+        except OSError:  # not empty, gone (FileNotFoundError), not a directory
+            return False
+        finally:
+            self._forget(target)
+        return True
+
     def remove_tree(self, path: str) -> None:
         target = self._path(path)
         self._forget(target)
@@ -666,6 +720,16 @@ def default_root() -> str:
     return str(base / "snapstore")
 
 
+def root_missing(store: Store) -> bool:
+    """Whether ``store`` is a local store whose directory does not exist (yet).
+
+    Messages about an empty listing say so, since it usually means a mistyped root. Remote
+    roots are not asked: a prefix with no objects does not exist either, and asking costs a
+    request.
+    """
+    return isinstance(store, LocalStore) and not store.root.is_dir()
+
+
 _EXTRAS = {"gs": "gcs", "gcs": "gcs", "s3": "s3", "s3a": "s3"}
 
 
@@ -698,7 +762,10 @@ def open_store(
     Raises
     ------
     StoreError
-        If the protocol's fsspec driver is not installed, or the URL or options are invalid.
+        If the protocol's fsspec driver is not installed, or the URL or options are invalid;
+        if a local root is a file (or lies under one); if a local root starts like a URL with
+        a mistyped separator (``s3:/bucket``, ``gs:bucket``: any ``word:`` of two letters or
+        more as its first component, so not a drive letter such as ``C:``).
 
     Notes
     -----
@@ -712,6 +779,8 @@ def open_store(
         return root
     text = os.fspath(root) if root is not None else default_root()
     if "://" not in text or text.startswith("file://"):
+        if "://" not in text:
+            refuse_mistyped_url(text)
         return LocalStore(text.removeprefix("file://"), **storage_options)
     protocol = text.split("://", 1)[0]
     try:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import os
 import subprocess
 import sys
@@ -11,15 +12,24 @@ import threading
 import time
 from pathlib import Path
 
+import numpy as np
 import pytest
+from click.testing import CliRunner
 
 import snapstore
 from snapstore import claims
+from snapstore.catalog import list_snapshots
+from snapstore.cli.main import main
 from snapstore.errors import BusyError
 from snapstore.gc import collect_garbage, find_garbage
 from snapstore.store import LocalStore, Store
 
 FP = "f" * 32
+
+
+def cli(*args: str) -> tuple[int, str]:
+    result = CliRunner().invoke(main, list(args), catch_exceptions=False)
+    return result.exit_code, result.output
 
 
 class FakeClock:
@@ -139,6 +149,62 @@ def test_an_unreadable_claim_counts_as_alive(store: Store) -> None:
     assert claim is None and state.generation == 0
 
 
+# --- abandoning a claim after a failure ------------------------------------------------------
+
+
+def test_abandon_removes_the_claim_and_older_generations(store: Store) -> None:
+    clock = FakeClock()
+    crashed = foreign(store, clock)  # generation 0, never released: its job crashed
+    crashed.beat()
+    clock.advance(11.0)
+    claim, _ = claims.acquire(store, FP, lease=10.0, owner="me", clock=clock)
+    assert claim is not None and claim.generation == 1
+    claim.beat()
+    assert claim.abandon() is True
+    assert store.list_dir(f"{FP}/claims") == [] and claim.released
+    fresh, state = claims.acquire(store, FP, lease=10.0, owner="next", clock=clock)
+    assert fresh is not None and state.generation == -1  # as if nobody had ever claimed it
+
+
+def test_abandon_leaves_a_claim_taken_after_the_release(store: Store) -> None:
+    clock = FakeClock()
+    claim, _ = claims.acquire(store, FP, lease=10.0, owner="me", clock=clock)
+    assert claim is not None
+    claim.release()
+    other, _ = claims.acquire(store, FP, lease=10.0, owner="other", clock=clock)
+    assert other is not None and other.generation == 1
+    assert claim.abandon() is False
+    names = store.list_dir(f"{FP}/claims")
+    assert names == ["claim-00000000", "claim-00000001", "released-00000000"]
+    claim2, state = claims.acquire(store, FP, lease=10.0, owner="third", clock=clock)
+    assert claim2 is None and state.holder["owner"] == "other"  # still live, still held
+
+
+def test_abandon_never_removes_a_claim_made_while_it_cleans(
+    store: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Another job lists the claims just as this one starts removing them: it sees our released
+    # generation and takes the next one over. Only names at or below ours are removed, and the
+    # directory (now holding the other job's claim) stays.
+    clock = FakeClock()
+    claim, _ = claims.acquire(store, FP, lease=10.0, owner="me", clock=clock)
+    assert claim is not None
+    claim.beat()
+    remove, taken = store.remove_tree, []
+
+    def remove_after_another_job_claims(path: str) -> None:
+        if not taken:
+            taken.append(claims.acquire(store, FP, lease=10.0, owner="other", clock=clock)[0])
+        remove(path)
+
+    monkeypatch.setattr(store, "remove_tree", remove_after_another_job_claims)
+    assert claim.abandon((FP,)) is True
+    assert taken[0] is not None and taken[0].generation == 1
+    assert store.list_dir(f"{FP}/claims") == ["claim-00000001"]
+    blocked, state = claims.acquire(store, FP, lease=10.0, owner="third", clock=clock)
+    assert blocked is None and state.holder["owner"] == "other"
+
+
 def test_lease_must_be_positive(store: Store) -> None:
     with pytest.raises(ValueError, match="lease: expected a positive number of seconds"):
         claims.acquire(store, FP, lease=0)
@@ -215,6 +281,88 @@ def test_on_busy_wait_takes_over_from_a_silent_holder(tmp_path: Path) -> None:
     assert claim is not None  # never beats, never releases: a job that hung
     assert [s["x"] for s in snap] == [0, 1, 2]
     assert log.read_text() == "ran\n" and sum(clock.sleeps) >= 10.0
+
+
+def test_a_waiting_job_logs_that_it_waits_and_for_whom(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    log = tmp_path / "log"
+    stage = snapstore.snapshot(counted(log), root=tmp_path / "root", lease=2.0)
+    stage(3).materialize()  # an earlier snapshot of the stage: the miss is explained
+    claim = hold_claim(stage, 7)
+
+    def holder() -> None:
+        time.sleep(0.3)
+        with claim:
+            stage._compute(stage(7), None)
+
+    thread = threading.Thread(target=holder)
+    thread.start()
+    with caplog.at_level(logging.INFO, logger="snapstore"):
+        waiter = stage(7).materialize()
+    thread.join()
+    text = "\n".join(r.getMessage() for r in caplog.records)
+    assert "computing it" not in text.replace("which is computing it", "")
+    warning = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(warning) == 1 and f"; waiting for job holder (pid {os.getpid()}" in warning[0]
+    assert "which is computing it. It differs from the most recent one" in warning[0]
+    assert f"(7 samples, 93 bytes stored), committed by job holder (pid {os.getpid()}" in text
+    assert waiter.miss_explanation is not None and log.read_text() == "ran\nran\n"
+    caplog.clear()
+    with caplog.at_level(logging.INFO, logger="snapstore"):
+        stage(11).materialize()  # this job computes: it says so
+    assert "; computing it. It differs" in caplog.text and "waiting for" not in caplog.text
+
+
+# --- what a failed stage leaves behind -------------------------------------------------------
+
+
+def failing(kind: str, after: int):
+    def stage(items: list[int]):
+        for i in items:
+            if i == after:
+                raise KeyboardInterrupt if kind == "interrupt" else ValueError("bad input")
+            yield {"x": np.full(2048, i, np.int64)}  # 16 KiB each: blocks are flushed
+
+    return stage
+
+
+@pytest.mark.parametrize("kind", ["error", "interrupt"])  # a Ctrl-C too
+def test_a_failed_stage_leaves_no_claim_behind(tmp_path: Path, kind: str) -> None:
+    root = tmp_path / "root"
+    stage = snapstore.snapshot(failing(kind, after=300), root=root)
+    with pytest.raises(KeyboardInterrupt if kind == "interrupt" else ValueError):
+        stage(list(range(400))).materialize()
+    assert list(root.iterdir()) == []  # no claims, no empty runs/ or fingerprint directory
+    code, out = cli("--root", str(root), "ls")
+    assert code == 0 and out.startswith("no snapshots under")
+    code, out = cli("--root", str(root), "gc", "--dry-run", "--min-age", "0")
+    assert "expired claim" not in out and "would free 0 B" in out
+
+
+def test_a_failed_partitioned_stage_keeps_only_its_committed_partitions(tmp_path: Path) -> None:
+    root = tmp_path / "root"
+    stage = snapstore.snapshot(
+        failing("error", after=2), root=root, partition_by="items",
+        engine="thread", workers=1,
+    )  # fmt: skip
+
+    with pytest.raises(ValueError, match="bad input"):
+        stage(list(range(5))).materialize()  # partitions 0 and 1 commit, 2 fails
+    store = LocalStore(root)
+    assert find_garbage(store, min_age=0) == []
+    (info,) = list_snapshots(store)
+    assert info["state"] == "incomplete" and info["partitions_committed"] == 2
+    fp = info["fingerprint"]
+    assert sorted(store.list_dir(f"{fp}/parts")) == ["000000", "000001"]
+    assert not store.exists(f"{fp}/parts/000000/claims")  # removed with the failed one's
+    first = snapstore.snapshot(
+        failing("error", after=0), root=tmp_path / "other", partition_by="items",
+        engine="thread", workers=1,
+    )  # fmt: skip
+    with pytest.raises(ValueError, match="bad input"):
+        first(list(range(5))).materialize()  # the first partition fails: nothing to keep
+    assert list((tmp_path / "other").iterdir()) == []
 
 
 SWEEP = """

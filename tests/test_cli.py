@@ -152,3 +152,56 @@ def test_store_errors_are_one_line(tmp_path: Path) -> None:
     blocker.write_text("not a directory")
     code, out = run("--root", str(blocker / "sub"), "info", "abc")
     assert code == 1 and "Traceback" not in out and out.startswith("error:")
+
+
+COMMANDS = [["ls"], ["info", "abc"], ["diff", "abc", "abd"], ["rm", "abc"], ["gc", "--dry-run"],
+            ["du"], ["verify", "--all"], ["head", "abc"], ["bench", "abc"]]  # fmt: skip
+
+
+@pytest.mark.parametrize("command", COMMANDS, ids=lambda c: c[0])
+def test_a_root_that_is_a_file_is_an_error(tmp_path: Path, command: list[str]) -> None:
+    afile = tmp_path / "afile"
+    afile.write_text("not a directory")
+    code, out = run("--root", str(afile), *command)
+    assert code == 1 and out.startswith(f"error: cannot use {afile} as a snapstore root")
+    assert f"but {afile} is a file; pass a directory as the root" in out
+
+
+def test_cp_to_a_file_is_an_error(root: str, snap: snapstore.Snapshot, tmp_path: Path) -> None:
+    afile = tmp_path / "afile"
+    afile.write_text("not a directory")
+    code, out = run("--root", root, "cp", snap.fingerprint, str(afile))
+    assert code == 1 and f"{afile} is a file" in out
+
+
+def test_a_mistyped_url_root_is_an_error(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    for command in (["ls"], ["gc"]):
+        code, out = run("--root", "s3:/bucket/snaps", *command)
+        assert code == 1 and "did you mean 's3://bucket/snaps'?" in out
+    assert list(tmp_path.iterdir()) == []  # no ./s3: directory
+
+
+def test_a_root_that_does_not_exist_is_named_as_such(tmp_path: Path) -> None:
+    missing = str(tmp_path / "no" / "such")
+    code, out = run("--root", missing, "ls")
+    assert code == 0 and out.startswith(f"no snapshots under {missing}: the directory does not")
+    code, out = run("--root", missing, "verify", "--all")
+    assert code == 0 and "does not exist" in out
+    code, out = run("--root", missing, "info", "abc")
+    assert code == 1 and f"expected a root directory at {missing}, found none" in out
+    code, out = run("--root", str(tmp_path), "ls")  # exists, empty: just empty
+    assert out == f"no snapshots under {tmp_path}\n"
+
+
+def test_ls_shows_last_read_as_created_is_shown(root: str, snap: snapstore.Snapshot) -> None:
+    assert len(snap) == 20  # a read: records the hour
+    _, out = run("--root", root, "ls", "--json")
+    last_read = json.loads(out)["snapshots"][0]["last_read"]
+    assert last_read.endswith(":00:00+00:00")  # recorded to the hour
+    _, out = run("--root", root, "ls")
+    row = out.splitlines()[1].split()
+    assert row[3] == last_read[:19]  # 2026-11-24T12:00:00, as CREATED: 2026-11-24T12:34:56
+    assert len(row[2]) == len(row[3]) == 19
+    _, out = run("ls", "--help")
+    assert "LAST READ is recorded to the hour" in " ".join(out.split())

@@ -21,7 +21,8 @@ def test_quickstart(tmp_path: Path) -> None:
     assert "FINGERPRINT" in first.stdout and "committed" in first.stdout
     second = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
     assert second.returncode == 0, second.stderr
-    assert "first run (already committed)" in second.stdout
+    assert "first run (already committed)     an earlier run's snapshot, created" in second.stdout
+    assert f"under {root}: nothing to compute" in second.stdout  # where it was found; no 0.00 s
     assert first.stdout.split()[1] == second.stdout.split()[1]  # same fingerprint in a new process
 
 

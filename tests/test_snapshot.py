@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import subprocess
 import sys
@@ -60,6 +61,26 @@ def test_call_forms_are_equivalent(tmp_path: Path) -> None:
 def test_reading_materializes(tmp_path: Path) -> None:
     snap = snapstore.snapshot(lambda n: ({"i": i} for i in range(n)), root=str(tmp_path))(5)
     assert [s["i"] for s in snap] == [0, 1, 2, 3, 4] and snap.committed
+
+
+def test_a_cache_hit_logs_one_info_line(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    stage = snapstore.snapshot(squares.__wrapped__, root=str(tmp_path))
+    first = stage(6).materialize()
+    stored = first.manifest["stored_bytes"]
+    with caplog.at_level(logging.INFO, logger="snapstore"):
+        again = stage(6).materialize()
+    (line,) = [r for r in caplog.records if r.name.startswith("snapstore")]
+    assert line.levelno == logging.INFO
+    assert line.getMessage() == (
+        f"snapstore: found snapshot {first.fingerprint} of test_snapshot.squares under "
+        f"{tmp_path} (6 samples, {stored:,} bytes stored)"
+    )
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="snapstore"):
+        stage(6).materialize()
+    assert caplog.records == []  # at the default level a hit says nothing
+    first.close()
+    again.close()
 
 
 def test_open_by_full_and_prefix(tmp_path: Path) -> None:

@@ -112,6 +112,17 @@ class StoreConformance:
         store.remove_tree("keep/three")  # a single file
         assert not store.exists("keep/three")
 
+    def test_remove_empty_dir(self, backend: Backend) -> None:
+        # Only an empty directory goes; a store without directories has none left to remove.
+        store = backend.store
+        store.write_bytes("d/sub/file", b"x")
+        assert store.remove_empty_dir("d/sub") is False and store.exists("d/sub/file")
+        store.remove_tree("d/sub/file")
+        store.remove_empty_dir("d/sub")
+        store.remove_empty_dir("d")
+        assert "d" not in store.list_dir("")
+        assert store.remove_empty_dir("") is False  # never the root
+
     def test_create_if_absent(self, backend: Backend) -> None:
         store = backend.store
         assert store.create_if_absent("fp/COMMIT", b"first") is True
@@ -276,6 +287,27 @@ def test_a_protocol_without_atomic_create_warns_once(caplog: pytest.LogCaptureFi
     assert len(warnings) == 1, warnings
     assert "plainfs has no atomic create-if-absent" in warnings[0]
     assert "one writer per fingerprint" in warnings[0]
+
+
+def test_a_directory_removed_before_a_file_is_created_in_it_is_made_again(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A failed job removes the directories it left empty (remove_empty_dir); another job that
+    # has just made one of them, and not yet created its file there, makes it again.
+    store = LocalStore(tmp_path / "root")
+    real_mkdir, removed = Path.mkdir, []
+
+    def mkdir_then_lose_it(self: Path, *args: Any, **kwargs: Any) -> None:
+        real_mkdir(self, *args, **kwargs)
+        if self.name == "claims" and not removed:
+            removed.append(self)
+            self.rmdir()  # what the failed job's cleanup does in between
+
+    monkeypatch.setattr(Path, "mkdir", mkdir_then_lose_it)
+    assert store.create_if_absent("fp/claims/claim-00000000", b"{}") is True
+    with store.open_write("fp/claims/beat") as f:
+        f.write(b"1")
+    assert removed and store.read_bytes("fp/claims/claim-00000000") == b"{}"
 
 
 def test_open_write_spills_large_files_to_disk(
