@@ -8,7 +8,8 @@ from typing import Any
 
 import click
 
-from snapstore.store import Store, default_root, open_store, root_missing
+from snapstore.roots import root_missing
+from snapstore.store import Store, default_root, open_store
 
 __all__ = [
     "Context",

@@ -37,8 +37,9 @@ from .parallel import PartitionJob, compute_partitions
 from .partitions import PARTS_DIR, commit_partitions, partition_dir
 from .plan import PlanOptions
 from .reader import SnapshotReader, load_manifest
+from .roots import root_missing
 from .schema import Schema
-from .store import LocalStore, Store, open_store, root_missing
+from .store import LocalStore, Store, open_store
 from .writer import ProgressCallback, SnapshotWriter, WriteOptions
 
 __all__ = ["Snapshot", "Stage", "open", "resolve_fingerprint", "snapshot"]

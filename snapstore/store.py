@@ -50,7 +50,6 @@ __all__ = [
     "open_store",
     "portable",
     "reopen",
-    "root_missing",
 ]
 
 log = logging.getLogger(__name__)
@@ -164,12 +163,9 @@ class Store(ABC):
         """Whether ``path`` is a directory."""
 
     def remove_empty_dir(self, path: str) -> bool:
-        """Remove a directory only if it is empty, in one step that fails on a directory
-        another job has just put a file in; True if this call removed it.
-
-        Stores without directories (object stores) have nothing to remove, and a store that
-        cannot refuse a non-empty directory atomically removes nothing: both return False.
-        """
+        """Remove a directory only if it is empty, in one step that fails once another job has
+        put a file in it; True if it did. Stores without directories (object stores), or that
+        cannot refuse a non-empty one atomically, remove nothing."""
         return False
 
     def sync_dir(self, path: str) -> None:  # noqa: B027 - only local filesystems need it
@@ -718,16 +714,6 @@ def default_root() -> str:
     else:
         base = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
     return str(base / "snapstore")
-
-
-def root_missing(store: Store) -> bool:
-    """Whether ``store`` is a local store whose directory does not exist (yet).
-
-    Messages about an empty listing say so, since it usually means a mistyped root. Remote
-    roots are not asked: a prefix with no objects does not exist either, and asking costs a
-    request.
-    """
-    return isinstance(store, LocalStore) and not store.root.is_dir()
 
 
 _EXTRAS = {"gs": "gcs", "gcs": "gcs", "s3": "s3", "s3a": "s3"}
