@@ -20,6 +20,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
+from .arraylike import as_numpy, convert_values
 from .errors import SchemaError
 from .schema import (
     _DECLARE_HINT,
@@ -299,12 +300,13 @@ _PYTHON_KINDS = {np.dtype("int64"): "int", np.dtype("float64"): "float", np.dtyp
 
 def normalize_columns(columns: Any) -> tuple[dict[str, Any], int]:
     """Columns as ``{name: ndarray or list}`` and their common length; an Arrow table or record
-    batch of primitive, string, binary and fixed-size list columns is converted.
+    batch of primitive, string, binary and fixed-size list columns is converted, and so are
+    torch tensors and other array-likes, as columns or as the items of a list column.
 
     Raises
     ------
     SchemaError
-        If a name is not a str, a column is not an array or list, or lengths differ.
+        If a name is not a str, a column is not an array, array-like or list, or lengths differ.
     """
     if isinstance(columns, (pa.Table, pa.RecordBatch)):
         columns = {
@@ -319,14 +321,21 @@ def normalize_columns(columns: Any) -> tuple[dict[str, Any], int]:
     for name, col in columns.items():
         if not isinstance(name, str):
             raise SchemaError(f"batch column names must be str, found {name!r}")
+        if not isinstance(col, (np.ndarray, list, tuple)):
+            col = as_numpy(col, name)
+        if isinstance(col, np.ndarray) and col.ndim == 0:
+            raise SchemaError(
+                f"batch column {name!r} is a 0-d array; expected one value per row (leading "
+                "dimension = rows). Yield a dict for a single sample."
+            )
         if isinstance(col, np.ndarray):
-            out[name] = list(col) if col.dtype == object else col
+            out[name] = convert_values(list(col), name) if col.dtype == object else col
         elif isinstance(col, (list, tuple)):
-            out[name] = list(col)
+            out[name] = convert_values(list(col), name)
         else:
             raise SchemaError(
-                f"batch column {name!r} is a {type(col).__name__}; expected a numpy array "
-                "(leading dimension = rows) or a list of per-row values"
+                f"batch column {name!r} is a {type(columns[name]).__name__}; expected a numpy "
+                "array or tensor (leading dimension = rows) or a list of per-row values"
             )
         if out[name] is not col and isinstance(col, np.ndarray) and col.ndim != 1:
             raise SchemaError(f"batch column {name!r}: an object array must be 1-D")

@@ -2,8 +2,10 @@
 
 A sample is a flat ``dict`` of ``str`` to one of: a numpy array (any integer, unsigned, float,
 complex or bool dtype, any rank, fixed or varying shape), a numpy scalar, a Python ``int``,
-``float``, ``bool``, ``str`` or ``bytes``. The schema is inferred from the samples of the first
-block unless declared; a later sample that does not fit raises :class:`SchemaError`.
+``float``, ``bool``, ``str`` or ``bytes``. A torch tensor or another array-like (``__array__``,
+``__dlpack__``) counts as the numpy array it converts to (see :mod:`snapstore.arraylike`). The
+schema is inferred from the samples of the first block unless declared; a later sample that does
+not fit raises :class:`SchemaError`.
 
 Arrow layout per field kind (see docs/format.md):
 
@@ -27,6 +29,7 @@ from typing import Any, Literal
 import numpy as np
 import pyarrow as pa
 
+from .arraylike import as_numpy, convert_sample
 from .errors import SchemaError
 
 __all__ = ["Field", "FieldKind", "Schema", "infer_schema"]
@@ -79,7 +82,7 @@ def _check_dtype(dtype: np.dtype[Any], name: str) -> np.dtype[Any]:
         raise SchemaError(
             f"field {name!r}: numpy dtype {dtype} is not supported; expected one of "
             f"{', '.join(sorted(SUPPORTED_DTYPES))}. Convert strings to str/bytes, objects to "
-            "arrays, and extended precision (float128) to float64."
+            "arrays, extended precision (float128) to float64, and bfloat16 to float32."
         )
     return dtype.newbyteorder("=") if dtype.byteorder not in "=|" else dtype
 
@@ -247,6 +250,10 @@ def field_of(name: str, value: Any, index: int) -> Field:
         dtype = _check_dtype(arr.dtype, name)
         return Field(name, "array", dtype.name, tuple(arr.shape))
     kind = _SCALAR_KINDS.get(type(value))
+    if kind is None:
+        array = as_numpy(value, name, index)
+        if array is not None:
+            return field_of(name, array, index)
     if kind == "int" and not -(2**63) <= value < 2**63:
         raise SchemaError(
             f"sample {index}, field {name!r}: int {value} does not fit in 64 bits; store it as "
@@ -255,8 +262,9 @@ def field_of(name: str, value: Any, index: int) -> Field:
     if kind is None:
         raise SchemaError(
             f"sample {index}, field {name!r}: values of type {type(value).__name__} are not "
-            "supported; expected a numpy array or scalar, int, float, bool, str or bytes. "
-            "Flatten nested dicts into separate keys and convert other objects to arrays."
+            "supported; expected a numpy array or scalar, a torch tensor or array-like "
+            "(__array__, __dlpack__), int, float, bool, str or bytes. Flatten nested dicts into "
+            "separate keys and convert other objects to arrays."
         )
     return Field(name, kind)
 
@@ -348,23 +356,33 @@ def _fast_check(field: Field) -> Callable[[Any], bool]:
     )
 
 
-def sample_checker(schema: Schema) -> Callable[[Any, int], None]:
-    """A function ``check(sample, index)`` that raises SchemaError if a sample does not fit.
+def sample_checker(schema: Schema) -> Callable[[Any, int], Mapping[str, Any]]:
+    """A function ``check(sample, index)`` that raises SchemaError if a sample does not fit, and
+    returns the sample to store: ``sample`` itself, or a copy whose tensors and array-likes are
+    numpy arrays (converted once, here).
 
-    Valid samples take a fast path (one predicate per field, ~1 us per sample); anything it does
-    not accept goes through :func:`check_sample` for a precise message.
+    Valid samples take a fast path (one predicate per field, ~1 us per sample); a sample it does
+    not accept has its array-likes converted and is tried again, and anything still refused goes
+    through :func:`check_sample` for a precise message.
     """
     checks = {f.name: _fast_check(f) for f in schema.fields}
     count = len(checks)
 
-    def check(sample: Any, index: int) -> None:
+    def check(sample: Any, index: int) -> Mapping[str, Any]:
         if type(sample) is dict and len(sample) == count:
             try:
-                if all(checks[name](value) for name, value in sample.items()):
-                    return
+                for name, value in sample.items():  # a loop: cheaper than all() over a genexpr
+                    if not checks[name](value):
+                        break
+                else:
+                    return sample
             except KeyError:
                 pass
+        converted = convert_sample(sample, index)
+        if converted is not sample:  # holds no array-likes now, so this recurses once at most
+            return check(converted, index)
         check_sample(schema, sample, index)
+        return sample  # type: ignore[no-any-return]
 
     return check
 

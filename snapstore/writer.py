@@ -30,6 +30,7 @@ import numpy as np
 import pyarrow as pa
 
 from . import format as fmt
+from .arraylike import convert_sample
 from .columns import (
     batch_from_columns,
     conform_columns,
@@ -211,10 +212,11 @@ def _sample_nbytes(sample: Mapping[str, Any]) -> int:
 class Columns:
     """A batch of samples as columns, for a stage to yield in place of one dict per sample.
 
-    ``data`` is what :meth:`SnapshotWriter.add_batch` takes: field name to a numpy array whose
-    leading dimension is the rows (or a list, for str, bytes and varying-shape arrays), or a
-    pyarrow Table or RecordBatch. The snapshot is the same as if the stage had yielded the rows
-    one by one; a vectorized stage skips building a dict per sample.
+    ``data`` is what :meth:`SnapshotWriter.add_batch` takes: field name to a numpy array or a
+    torch tensor (or other array-like) whose leading dimension is the rows (or a list, for str,
+    bytes and varying-shape arrays), or a pyarrow Table or RecordBatch. The snapshot is the
+    same as if the stage had yielded the rows one by one; a vectorized stage skips building a
+    dict per sample.
 
     Examples
     --------
@@ -278,7 +280,7 @@ class SnapshotWriter:
         self._io = ThreadPoolExecutor(1, thread_name_prefix="snapstore-write")
         self._max_pending = 2 * threads + 1
         self._pending: collections.deque[Future[None]] = collections.deque()
-        self._check: Callable[[Any, int], None] | None = None
+        self._check: Callable[[Any, int], Mapping[str, Any]] | None = None
         self._buffer: list[Mapping[str, Any]] = []  # rows of add(), after self._pieces
         # Earlier parts of the block being filled, with the index of their first sample:
         # rows of add(), or column slices of add_batch() (conformed once the schema is known).
@@ -304,7 +306,9 @@ class SnapshotWriter:
     def add(self, sample: Mapping[str, Any] | Columns) -> None:
         """Validate and buffer one sample; encodes a block when enough bytes have gathered.
 
-        A :class:`Columns` is a batch of samples: it goes to :meth:`add_batch`.
+        A :class:`Columns` is a batch of samples: it goes to :meth:`add_batch`. Torch tensors
+        and other array-likes among the values are converted to numpy arrays once, here, and
+        the sample is stored as if it had held those arrays.
 
         Raises
         ------
@@ -314,17 +318,17 @@ class SnapshotWriter:
         if isinstance(sample, Columns):
             self.add_batch(sample.data)
             return
+        row: Mapping[str, Any]  # the sample to store: array-likes become numpy arrays once
         if self._check is not None:
-            self._check(sample, self._count)
+            row = self._check(sample, self._count)
         elif self.schema is not None:
             self._check = sample_checker(self.schema)
-            self._check(sample, self._count)
+            row = self._check(sample, self._count)
         else:
-            sample_items(
-                sample, self._count
-            )  # a dict of str keys; the rest is checked at inference
-        self._buffer.append(sample)
-        self._buffer_bytes += _sample_nbytes(sample)
+            sample_items(sample, self._count)  # a dict of str keys; the rest at inference
+            row = convert_sample(sample, self._count)
+        self._buffer.append(row)
+        self._buffer_bytes += _sample_nbytes(row)
         self._buffer_rows += 1
         self._count += 1
         options = self.options
@@ -341,13 +345,15 @@ class SnapshotWriter:
         Parameters
         ----------
         columns : mapping or pyarrow.Table or pyarrow.RecordBatch
-            Field name to column, one value per row: a numpy array whose leading dimension is
-            the rows, or a list (str, bytes, varying-shape arrays). A 1-D ``int64``, ``float64``
-            or ``bool`` array holds the kinds int, float and bool (what a Python stage yields);
-            other 1-D arrays hold rank-0 arrays; an array of shape ``(rows, *shape)`` holds
-            arrays of ``shape``. Row ``i`` is the sample :meth:`add` would take, with
-            :func:`snapstore.columns.column_rows` giving each column's values. Arrow input may
-            have primitive, string, binary and fixed-size list columns, without nulls.
+            Field name to column, one value per row: a numpy array (or a torch tensor or other
+            array-like, converted once) whose leading dimension is the rows, or a list (str,
+            bytes, varying-shape arrays, whose items may be tensors too). A 1-D ``int64``,
+            ``float64`` or ``bool`` array holds the kinds int, float and bool (what a Python
+            stage yields); other 1-D arrays hold rank-0 arrays; an array of shape
+            ``(rows, *shape)`` holds arrays of ``shape``. Row ``i`` is the sample :meth:`add`
+            would take, with :func:`snapstore.columns.column_rows` giving each column's values.
+            Arrow input may have primitive, string, binary and fixed-size list columns, without
+            nulls.
 
         Raises
         ------

@@ -76,3 +76,14 @@ def test_bench_engines_smoke() -> None:
     assert out.returncode == 0, out.stderr
     for label in ("process, 2 workers", "thread, 1 worker", "process: 2 workers / 1 worker"):
         assert label in out.stdout, out.stdout
+
+
+def test_bench_tensors_smoke(tmp_path: Path) -> None:
+    script = BENCH.parent / "bench_tensors.py"
+    cmd = [sys.executable, str(script), "--samples", "300", "--repeat", "1", "--tmp", str(tmp_path)]
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stderr
+    for label in ("torch tensors, one dict per sample", "target <= 1.2x", "per-sample check"):
+        assert label in out.stdout, out.stdout
+    assert "every case wrote the same blocks     True" in out.stdout
+    assert list(tmp_path.iterdir()) == []  # the scratch directory is removed
