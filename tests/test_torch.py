@@ -154,7 +154,7 @@ def test_pickles_without_reader(snap: snapstore.Snapshot) -> None:
     batches = iter(ds)
     next(batches)
     copy = pickle.loads(pickle.dumps(ds))
-    assert copy._reader is None and copy._location.opened is None
+    assert copy._reader is None and copy._location._opened is None
     assert ids(copy) == ids(SnapshotIterableDataset(snap.fingerprint, snap.store, batch_size=4))
 
 
