@@ -344,6 +344,11 @@ def _fast_check(field: Field) -> Callable[[Any], bool]:
             return lambda v: type(v) is int and -(2**63) <= v < 2**63
         return lambda v: type(v) is scalar
     dtype, shape = field.np_dtype, field.shape or ()
+    if field.fixed and not shape:  # a numpy scalar (what arr[i] and rng.integers() give)
+        scalar = dtype.type
+        return lambda v: type(v) is scalar or (
+            type(v) is np.ndarray and v.shape == () and v.dtype == dtype
+        )
     if field.fixed:
         return lambda v: type(v) is np.ndarray and v.shape == shape and v.dtype == dtype
     fixed_dims = [(i, d) for i, d in enumerate(shape) if d is not None]
