@@ -60,17 +60,24 @@ def _array_column(field: Field, values: list[Any]) -> pa.Array:
         if math.prod(fixed) == 0:  # Arrow's from_arrays refuses list_size 0
             return pa.array([[]] * len(values), type=field.arrow_type())
         return pa.FixedSizeListArray.from_arrays(pa.array(flat), math.prod(fixed))
-    arrays = [np.asarray(v, dtype=dtype) for v in values]
-    flats = [np.ascontiguousarray(a).view(storage).reshape(-1) for a in arrays]
-    lengths = np.fromiter((f.size for f in flats), dtype=np.int64, count=len(flats))
-    offsets = np.zeros(len(flats) + 1, dtype=np.int64)
-    np.cumsum(lengths, out=offsets[1:])
-    flat = np.concatenate(flats) if flats else np.empty(0, storage)
+    # Checked values are arrays of the field's dtype and rank: one C-level pass each for the
+    # sizes, the values (flattened in any memory order) and the offsets, none per row in Python.
+    count = len(values)
+    width = 2 if dtype.kind == "c" else 1  # complex is stored as (..., 2) real values
+    sizes = np.fromiter(map(np.size, values), dtype=np.int64, count=count) * width
+    offsets = np.zeros(count + 1, dtype=np.int64)
+    np.cumsum(sizes, out=offsets[1:])
+    flat = (
+        np.concatenate(values, axis=None, dtype=dtype).view(storage)
+        if count
+        else np.empty(0, storage)
+    )
     listed = pa.LargeListArray.from_arrays(pa.array(offsets), pa.array(flat))
     if len(shape) == 1:
         return listed
-    extra = (2,) if dtype.kind == "c" else ()  # complex is stored as (..., 2) real values
-    shapes = np.array([(*a.shape, *extra) for a in arrays], dtype=np.int64).reshape(-1, len(shape))
+    extra = (2,) if width == 2 else ()
+    shapes = np.array([(*np.shape(v), *extra) for v in values], dtype=np.int64)
+    shapes = shapes.reshape(-1, len(shape))
     shape_col = pa.FixedSizeListArray.from_arrays(pa.array(shapes.reshape(-1)), len(shape))
     return pa.StructArray.from_arrays([listed, shape_col], names=["values", "shape"])
 
