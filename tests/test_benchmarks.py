@@ -87,3 +87,15 @@ def test_bench_tensors_smoke(tmp_path: Path) -> None:
         assert label in out.stdout, out.stdout
     assert "every case wrote the same blocks     True" in out.stdout
     assert list(tmp_path.iterdir()) == []  # the scratch directory is removed
+
+
+def test_bench_write_smoke() -> None:
+    script = BENCH.parent / "bench_write.py"
+    cmd = [sys.executable, str(script), "--scale", "0.002", "--only", "img-np,tok-np,text"]
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stderr
+    rows = {line.split()[0]: line.split() for line in out.stdout.splitlines() if line.strip()}
+    for workload in ("img-np", "tok-np", "text"):
+        assert workload in rows and "refused" not in rows[workload], out.stdout
+    assert float(rows["tok-np"][8].rstrip("x")) > 2  # the tokens compress
+    assert float(rows["img-np"][9]) > 0  # a validation figure per workload
