@@ -10,8 +10,9 @@ create-if-absent works, object stores included):
 
 - ``claim-<g>``: generation ``g`` (8 digits) of the claim, created only if absent; JSON with the
   owner id, host, pid, lease seconds and creation time. The highest generation is the claim.
-- ``beat-<g>-<k>``: the owner's ``k``-th heartbeat for generation ``g`` (JSON with the wall time),
-  written every ``lease / 4`` seconds; the previous one is then deleted.
+- ``beat-<g>-<k>``: the owner's ``k``-th heartbeat for generation ``g`` (JSON with the wall time,
+  and the samples and stored bytes written so far once the owner has reported some), written
+  every ``lease / 4`` seconds; the previous one is then deleted.
 - ``released-<g>``: the owner gave generation ``g`` up (it committed, or its stage failed);
   JSON with the owner id and the wall time.
 
@@ -100,6 +101,9 @@ class ClaimState:
         Number of the newest heartbeat (-1 before the first).
     released : bool
         The holder gave the claim up.
+    samples, stored_bytes : int or None
+        How far the holder had got at its newest heartbeat; None when the heartbeat does not
+        say (none yet, or written by a version of snapstore that did not report progress).
     """
 
     generation: int = -1
@@ -107,6 +111,8 @@ class ClaimState:
     last_beat: float = 0.0
     beat: int = -1
     released: bool = False
+    samples: int | None = None
+    stored_bytes: int | None = None
 
     def expired(self, now: float) -> bool:
         """No claim, released, or no heartbeat for longer than the lease (by wall clock)."""
@@ -166,8 +172,15 @@ def inspect_claim(store: Store, fingerprint: str) -> ClaimState:
             )
             state.last_beat = max(state.last_beat, float(data["time"]))
         except (FileNotFoundError, ValueError, KeyError, TypeError):
-            pass  # deleted by the next beat: the holder is alive
+            return state  # deleted by the next beat: the holder is alive
+        samples, stored = data.get("samples"), data.get("stored_bytes")
+        if _count(samples) and _count(stored):
+            state.samples, state.stored_bytes = samples, stored
     return state
+
+
+def _count(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
 
 
 class Renewal:
@@ -253,6 +266,7 @@ class Claim:
         self.lease = lease
         self.released = False
         self._clock = clock
+        self._progress: tuple[int, int] | None = None
         self._heartbeat = Renewal(
             store,
             lambda k: _path(fingerprint, f"beat-{generation:08d}-{k:08d}"),
@@ -262,7 +276,15 @@ class Claim:
         )
 
     def _beat_body(self) -> bytes:
-        return json.dumps({"owner": self.owner, "time": self._clock.time()}).encode()
+        body: dict[str, Any] = {"owner": self.owner, "time": self._clock.time()}
+        if self._progress is not None:
+            body["samples"], body["stored_bytes"] = self._progress
+        return json.dumps(body).encode()
+
+    def report(self, samples: int, stored_bytes: int) -> None:
+        """How far the computation has got: the next heartbeats carry it, so that jobs
+        waiting for this claim can show it (a ``ProgressCallback``)."""
+        self._progress = (samples, stored_bytes)
 
     def beat(self) -> None:
         """Write the next heartbeat and delete the previous one."""

@@ -24,6 +24,7 @@ from typing import Any
 from . import claims
 from .engines import CannotTravelError, Engine, PartitionTask, ThreadEngine, run_partition
 from .partitions import PARTS_DIR, partition_dir, partition_done
+from .progress import Reporter
 from .store import Store
 from .writer import ProgressCallback
 
@@ -55,9 +56,25 @@ class PartitionJob:
     watched: dict[int, dict[str, Any]] = field(default_factory=dict)
     lost: list[int] = field(default_factory=list)  # running when a worker process died
     held: list[tuple[int, claims.Claim]] = field(default_factory=list)  # every claim taken
+    waits: dict[int, claims.ClaimState] = field(default_factory=dict)  # held by other jobs
+    announced: set[str] = field(default_factory=set)  # holders whose wait was logged
+
+    def __post_init__(self) -> None:
+        progress = self.progress
+        self.reporter = (
+            progress
+            if isinstance(progress, Reporter)
+            else Reporter(self.name, progress, self.clock)
+        )
 
     def done(self, partition: int) -> bool:
         return partition_done(self.store, self.fingerprint, partition)
+
+    def done_elsewhere(self, count: int) -> None:
+        """``count`` pending partitions were committed by other jobs."""
+        if count:
+            self.finished += count
+            self.reporter.partitions(self.finished, len(self.tasks))
 
 
 def compute_partitions(job: PartitionJob, engine: Engine, stage: Callable[..., Any]) -> bool:
@@ -76,6 +93,7 @@ def compute_partitions(job: PartitionJob, engine: Engine, stage: Callable[..., A
     """
     pending = [t for t in job.tasks if not job.done(t.partition)]
     job.finished = len(job.tasks) - len(pending)
+    job.reporter.partitions(job.finished, len(job.tasks))
     if not pending:
         return True
     pending, engine = _prepare(pending, engine, stage)
@@ -138,12 +156,15 @@ def _run(
         waiting = False
         if failure is None and not stopped and not job.committed():
             waiting, stopped = _launch(job, engine, pool, pending, running)
+            _report_waits(job)
         else:
             pending.clear()
         if not running:
             if pending:  # every remaining partition is held by another job
                 job.clock.sleep(min(job.lease / 4, 2.0))
-                pending[:] = [t for t in pending if not job.done(t.partition)]
+                left = [t for t in pending if not job.done(t.partition)]
+                job.done_elsewhere(len(pending) - len(left))
+                pending[:] = left
             continue
         timeout = min(job.lease / 4, 2.0) if waiting else None
         finished, _ = cf.wait(running, timeout=timeout, return_when=cf.FIRST_COMPLETED)
@@ -178,12 +199,14 @@ def _launch(
     Returns (whether some partition waits for another job, whether ``job.busy`` stopped us).
     """
     waiting = False
+    job.waits.clear()
     for task in list(pending):
         if len(running) >= engine.workers:
             break
         p = task.partition
         if job.done(p):
             pending.remove(task)
+            job.done_elsewhere(1)
             continue
         claim, state = claims.acquire(
             job.store,
@@ -196,6 +219,7 @@ def _launch(
             if job.busy(p, state):
                 pending.clear()
                 return False, True
+            job.waits[p] = state
             waiting = True
             continue
         job.held.append((p, claim))
@@ -220,6 +244,28 @@ def _launch(
     return waiting, False
 
 
+def _report_waits(job: PartitionJob) -> None:
+    """Tell the reporter which partitions wait for which jobs; log each new holder once."""
+    if not job.waits:
+        job.reporter.waiting(None)
+        return
+    by_holder: dict[str, list[int]] = {}
+    for p, state in sorted(job.waits.items()):
+        by_holder.setdefault(state.describe(), []).append(p)
+    held = []
+    for who, parts in by_holder.items():
+        shown = ", ".join(map(str, parts[:5])) + (", ..." if len(parts) > 5 else "")
+        what = f"partition{'s' if len(parts) > 1 else ''} {shown}"
+        held.append(f"{what} held by {who}")
+        if who not in job.announced:
+            job.announced.add(who)
+            log.info(
+                "snapstore: %s: waiting for %s, which is computing %s (lease %.0f s)",
+                job.name, who, what, job.lease,
+            )  # fmt: skip
+    job.reporter.waiting("waiting for " + "; ".join(held))
+
+
 def _report(job: PartitionJob, result: Any) -> None:
     job.finished += 1
     job.samples += result.samples
@@ -229,8 +275,8 @@ def _report(job: PartitionJob, result: Any) -> None:
         job.name, result.partition, result.samples, result.seconds, result.host, result.pid,
         job.finished, len(job.tasks),
     )  # fmt: skip
-    if job.progress is not None:
-        job.progress(job.samples, job.stored_bytes)
+    job.reporter(job.samples, job.stored_bytes)
+    job.reporter.partitions(job.finished, len(job.tasks))
 
 
 def _raise(job: PartitionJob, partition: int, exc: BaseException) -> None:

@@ -36,6 +36,7 @@ from .fingerprint import Fingerprint, fingerprint_stage
 from .parallel import PartitionJob, compute_partitions
 from .partitions import PARTS_DIR, commit_partitions, partition_dir
 from .plan import PlanOptions
+from .progress import ProgressArg, Reporter, holder_text, open_reporter, tee
 from .reader import SnapshotReader, load_manifest
 from .roots import root_missing
 from .schema import Schema
@@ -120,13 +121,17 @@ class Snapshot:
             return dict(self._fp.parts)
         return dict(self.manifest.get("fingerprint_parts", {}))
 
-    def materialize(self, progress: ProgressCallback | None = None) -> Snapshot:
+    def materialize(self, progress: ProgressArg = None) -> Snapshot:
         """Run the stage and commit its output, unless this fingerprint is already committed.
 
         Parameters
         ----------
-        progress : callable, optional
-            ``progress(samples, stored_bytes)``, called after each block is written.
+        progress : None, bool or callable
+            None (default): a progress display (tqdm) on stderr when it is a terminal or in a
+            Jupyter notebook, none otherwise; True: a display whatever stderr is; False: none.
+            A callable is called as ``progress(samples, stored_bytes)`` after each block is
+            written (after each partition, for a partitioned stage), and no display is drawn.
+            See :mod:`snapstore.progress`.
 
         Returns
         -------
@@ -139,6 +144,8 @@ class Snapshot:
             A sample did not fit the schema. Nothing was committed.
         Exception
             Whatever the stage raised, with a note that nothing was committed.
+        TypeError
+            If ``progress`` is none of the above.
         """
         if self.committed:
             _log_found(self)
@@ -232,9 +239,10 @@ class Snapshot:
         decode_threads : int, optional
             Threads that decompress and decode blocks: default min(4, CPUs). One is enough
             where other processes share the cores (DataLoader workers use one by default).
-        ragged : {"list", "pad"}
-            Varying-shape array fields as lists of arrays, or zero-padded with their true
-            shapes in ``<name>_lengths``.
+        ragged : {"list", "pad", "packed"}
+            Varying-shape array fields as lists of arrays, zero-padded with their true shapes
+            in ``<name>_lengths``, or packed: every sample's values in one flat array with
+            ``<name>_offsets`` (and ``<name>_shapes`` for fields of more than one dimension).
 
         Returns
         -------
@@ -410,12 +418,22 @@ class Stage:
         )  # fmt: skip
         return {"previous": previous, "differences": differences}
 
-    def write(self, snap: Snapshot, progress: ProgressCallback | None) -> None:
+    def write(self, snap: Snapshot, progress: ProgressArg | Reporter = None) -> None:
         """Materialize ``snap``: claim it and compute, or wait for the job that holds the claim
-        (or pass through, or raise, per ``on_busy``); on any error nothing is visible."""
-        if self.partition_by is not None:
-            self._write_partitioned(snap, progress)
-            return
+        (or pass through, or raise, per ``on_busy``); on any error nothing is visible.
+        ``progress`` as for :meth:`Snapshot.materialize`; its display is closed on every path."""
+        reporter = open_reporter(progress, self.name, self.clock)
+        ok = False
+        try:
+            if self.partition_by is not None:
+                self._write_partitioned(snap, reporter)
+            else:
+                self._write_claimed(snap, reporter)
+            ok = True
+        finally:
+            reporter.close(ok)
+
+    def _write_claimed(self, snap: Snapshot, reporter: Reporter) -> None:
         watched: dict[str, Any] = {"lease": self.lease}
         announced = False
         while True:
@@ -426,11 +444,12 @@ class Stage:
                 break
             if snap.committed:
                 _log_found(snap, ", committed meanwhile by another job")
+                reporter.finish("committed meanwhile by another job")
                 return
             if self.on_busy == "pass":
                 doing = f"computing it without storing it, since {state.describe()} holds it"
                 snap.miss_explanation = self.explain_miss(snap, doing)
-            if self._busy(snap, progress, f"snapshot {snap.fingerprint} of {self.name}", state):
+            if self._busy(snap, reporter, f"snapshot {snap.fingerprint} of {self.name}", state):
                 return
             if not announced:
                 doing = f"waiting for {state.describe()}, which is computing it"
@@ -440,15 +459,19 @@ class Stage:
                     state.describe(), snap.fingerprint, self.name, self.lease,
                 )  # fmt: skip
                 announced = True
+            reporter.waiting(f"waiting for {holder_text(state)}")
             self.clock.sleep(min(self.lease / 4, 2.0))
             if snap.committed:
                 _log_found(snap, f", committed by {state.describe()}, which this job waited for")
+                reporter.finish(f"committed by {state.describe()}, which this job waited for")
                 return
+        reporter.waiting(None)
+        report = tee(claim.report, reporter)  # the heartbeats carry it to jobs that wait
         try:
             with claim:
                 if not snap.committed:  # else committed between our check and our claim
                     snap.miss_explanation = self.explain_miss(snap)
-                    self._compute(snap, progress)
+                    self._compute(snap, report)
         except BaseException:
             # The attempt failed (a Ctrl-C too): its claim files would show in ls and gc as a
             # leftover. Claim.abandon keeps them if another job has claimed since.
@@ -477,7 +500,7 @@ class Stage:
             calls.append((piece.args, piece.kwargs))
         return calls
 
-    def _write_partitioned(self, snap: Snapshot, progress: ProgressCallback | None) -> None:
+    def _write_partitioned(self, snap: Snapshot, progress: Reporter) -> None:
         """Compute the partitions no other live job holds on the engine, wait for the others
         (taking over expired claims), then assemble and commit. Finished partitions are never
         recomputed."""
