@@ -14,7 +14,8 @@ engine=...)`` accepts into one.
                cores). The stage is sent by reference (module and name), so it must be
                importable: defined at the top level of a module, or of a script run with an
                ``if __name__ == "__main__":`` guard. No retries: a failed partition fails the
-               job (finished partitions are kept).
+               job (finished partitions are kept). Each worker's numeric thread pools (OpenMP,
+               BLAS, torch) are sized to its share of the cores: see :func:`thread_pool_env`.
 ``thread``     ``workers`` threads in this process: for stages that cannot be sent (lambdas,
                closures) or that release the GIL.
 ``ray``        One Ray task per partition on the cluster ``ray.init()`` joined (a local one if
@@ -30,14 +31,16 @@ import ast
 import concurrent.futures as cf
 import importlib
 import logging
-import multiprocessing
 import os
 import pickle
 import socket
 import sys
+import threading
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass, field
+from multiprocessing.context import SpawnContext, SpawnProcess
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -55,9 +58,11 @@ __all__ = [
     "PartitionTask",
     "ProcessEngine",
     "RayEngine",
+    "THREAD_VARIABLES",
     "ThreadEngine",
     "make_engine",
     "run_partition",
+    "thread_pool_env",
     "usable_cores",
 ]
 
@@ -291,7 +296,109 @@ class ProcessEngine(Engine):
         return task
 
     def executor(self) -> Executor:
-        return cf.ProcessPoolExecutor(self.workers, mp_context=multiprocessing.get_context("spawn"))
+        return cf.ProcessPoolExecutor(self.workers, mp_context=_PoolSizedContext(self.workers))
+
+
+#: The variables that size numeric libraries' thread pools. Each library reads its own once, when
+#: it loads, and starts that many threads (one per core when unset): OpenMP (torch's intra-op
+#: pool, and BLAS builds that use OpenMP), OpenBLAS, MKL, BLIS, Apple Accelerate, numexpr.
+THREAD_VARIABLES = (
+    "OMP_NUM_THREADS",
+    "OPENBLAS_NUM_THREADS",
+    "MKL_NUM_THREADS",
+    "BLIS_NUM_THREADS",
+    "VECLIB_MAXIMUM_THREADS",
+    "NUMEXPR_NUM_THREADS",
+)
+# These libraries read OMP_NUM_THREADS when their own variable is unset, so a user's
+# OMP_NUM_THREADS already sizes them: setting theirs would override what the user asked for.
+_READ_OMP = ("OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", "BLIS_NUM_THREADS", "NUMEXPR_NUM_THREADS")
+
+
+def thread_pool_env(workers: int, environ: Mapping[str, str] | None = None) -> dict[str, str]:
+    """The variables the process engine sets for each of ``workers`` worker processes.
+
+    A worker that loads numpy's BLAS or torch starts a pool of one thread per core, so ``W``
+    workers would run ``W`` times as many busy threads as there are cores and spend their time
+    waiting for each other (a numpy stage ran 15-100x slower than a plain loop on 2 cores).
+    Each worker gets ``max(1, usable_cores() // workers)`` threads instead, in every variable of
+    :data:`THREAD_VARIABLES` the user has not set: a variable set (non-empty) in ``environ`` is
+    the user's choice and stays as it is, and a user's ``OMP_NUM_THREADS`` also leaves
+    OpenBLAS, MKL, BLIS and numexpr to it, since they read it when their own is unset.
+
+    Parameters
+    ----------
+    workers : int
+        Worker processes sharing this machine's cores.
+    environ : mapping, optional
+        The environment the workers inherit; default ``os.environ``.
+
+    Returns
+    -------
+    dict
+        Variable name to value, only for the variables to set.
+
+    Examples
+    --------
+    >>> thread_pool_env(2, {"MKL_NUM_THREADS": "4"})  # doctest: +SKIP
+    {'OMP_NUM_THREADS': '1', 'OPENBLAS_NUM_THREADS': '1', 'BLIS_NUM_THREADS': '1', ...}
+    """
+    environ = os.environ if environ is None else environ
+    users = {name for name in THREAD_VARIABLES if environ.get(name, "").strip()}
+    if "OMP_NUM_THREADS" in users:
+        users.update(_READ_OMP)
+    share = str(max(1, usable_cores() // workers))
+    return {name: share for name in THREAD_VARIABLES if name not in users}
+
+
+# os.environ is process-wide: one worker start at a time changes it.
+_environ_lock = threading.Lock()
+
+
+@contextmanager
+def _environ_set(changes: Mapping[str, str]) -> Iterator[None]:
+    """``os.environ`` with ``changes`` while the block runs, as it was afterwards."""
+    saved = {name: os.environ.get(name) for name in changes}
+    os.environ.update(changes)
+    try:
+        yield
+    finally:
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+
+
+class _PoolSizedProcess(SpawnProcess):
+    """A spawned process that starts with its share of the cores in the thread-pool variables.
+
+    The variables must be in the new interpreter's environment from its first instruction: a
+    spawned worker imports the parent's main module (and with it numpy or torch, whose pools
+    are sized on load) before any initializer could run. The spawned interpreter copies the
+    parent's environment when it is started, so the parent's environment carries the
+    variables for exactly that moment, under a lock; other threads of the job may see them
+    for those few milliseconds.
+    """
+
+    workers = 1
+
+    @staticmethod
+    def _Popen(process_obj: Any) -> Any:
+        with _environ_lock, _environ_set(thread_pool_env(process_obj.workers)):
+            return SpawnProcess._Popen(process_obj)
+
+
+class _PoolSizedContext(SpawnContext):
+    """The ``spawn`` context, whose processes are :class:`_PoolSizedProcess` of a pool."""
+
+    def __init__(self, workers: int) -> None:
+        self.workers = workers
+
+    def Process(self, *args: Any, **kwargs: Any) -> SpawnProcess:  # type: ignore[override]
+        process = _PoolSizedProcess(*args, **kwargs)
+        process.workers = self.workers
+        return process
 
 
 class CannotTravelError(StageError):

@@ -72,9 +72,15 @@ def test_bench_torch_smoke(tmp_path: Path) -> None:
 def test_bench_engines_smoke() -> None:
     script = BENCH.parent / "bench_engines.py"
     cmd = [sys.executable, str(script), "--partitions", "4", "--samples", "20", "--repeat", "1"]
+    cmd += ["--numpy-samples", "40", "--torch-samples", "20", "--partition-size", "10"]
     out = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
     assert out.returncode == 0, out.stderr
     for label in ("process, 2 workers", "thread, 1 worker", "process: 2 workers / 1 worker"):
+        assert label in out.stdout, out.stdout
+    for case in ("numpy", "torch"):  # torch is installed for the tests (see README)
+        assert f"# {case} stage, " in out.stdout, out.stdout
+        assert f"{case} stage: default engine / plain loop" in out.stdout, out.stdout
+    for label in ("plain loop, no snapstore", "default engine (", "thread, "):
         assert label in out.stdout, out.stdout
 
 
