@@ -69,6 +69,8 @@ def test_a_cache_hit_logs_one_info_line(tmp_path: Path, caplog: pytest.LogCaptur
     stored = first.manifest["stored_bytes"]
     with caplog.at_level(logging.INFO, logger="snapstore"):
         again = stage(6).materialize()
+        assert len(again) == 6 and again[0] is not None  # reading does not log the hit again
+        assert len(first) == 6  # nor does reading what this process computed
     (line,) = [r for r in caplog.records if r.name.startswith("snapstore")]
     assert line.levelno == logging.INFO
     assert line.getMessage() == (
