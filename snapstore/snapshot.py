@@ -92,6 +92,7 @@ class Snapshot:
         self._reader: SnapshotReader | None = None
         self._batch_readers: weakref.WeakSet[BatchReader] = weakref.WeakSet()
         self._pin: pins.Pin | None = None
+        self._hit_logged = False
         self.miss_explanation: dict[str, Any] | None = None
         """Set when materializing found no snapshot (and computed it, or waited for the job that
         did): the most recent committed snapshot of the same stage (``"previous"``) and why this
@@ -148,13 +149,16 @@ class Snapshot:
             If ``progress`` is none of the above.
         """
         if self.committed:
-            _log_found(self)
+            if not self._hit_logged:  # once per handle: reading materializes again
+                self._hit_logged = True
+                _log_found(self)
             return self
         if self._stage is None:
             raise SnapshotNotFoundError(
                 f"snapshot {self.fingerprint} is not committed under {self.store.url}"
             )
         self._stage.write(self, progress)  # explains the miss once it knows what it does
+        self._hit_logged = True  # computed or waited for here: reading it is no cache hit
         return self
 
     def _open(self) -> SnapshotReader:
