@@ -17,10 +17,11 @@ from typing import Any
 
 import numpy as np
 
-from .columns import RowCopy, gather, pad_ragged
+from .columns import RowCopy, gather
 from .errors import ResumeError
 from .plan import EpochPlan, PlanOptions
 from .prefetch import Prefetcher, ReadStats
+from .ragged import FORMS, RaggedRows, check_form, emit
 from .reader import SnapshotReader
 
 __all__ = ["BatchReader"]
@@ -31,7 +32,7 @@ STATE_VERSION = 1
 # What a state must agree on with the reader it is restored into, besides the snapshot. The
 # partition is compared as (consumer, consumers): 2 ranks of 2 workers read what 4 ranks of 1 do.
 _ORDER_KEYS = ("epoch", "seed", "shuffle", "window_blocks", "drop_last")
-RAGGED_FORMS = ("list", "pad")
+RAGGED_FORMS = FORMS
 
 
 def _consumer(state: dict[str, Any]) -> tuple[Any, Any]:
@@ -57,9 +58,13 @@ class BatchReader:
     to :meth:`set_state`, if any); :meth:`set_epoch` moves to another epoch.
 
     Batches hold fixed-shape and numeric fields as stacked arrays; str and bytes fields as
-    lists; varying-shape arrays as lists of arrays (``ragged="list"``), or zero-padded to the
-    batch's largest shape with the true shapes in ``<name>_lengths`` (``ragged="pad"``: shape
-    ``(batch,)`` for 1-D fields, ``(batch, ndim)`` otherwise).
+    lists; varying-shape arrays as lists of arrays (``ragged="list"``, read-only views into the
+    decoded blocks), zero-padded to the batch's largest shape with the true shapes in
+    ``<name>_lengths`` (``ragged="pad"``: shape ``(batch,)`` for 1-D fields, ``(batch, ndim)``
+    otherwise), or packed (``ragged="packed"``): every sample's values one after the other in
+    one flat array, sample ``i`` at ``<name>_offsets[i]:<name>_offsets[i + 1]`` (int64, shape
+    ``(batch + 1,)``), with ``<name>_shapes`` (int64, ``(batch, ndim)``) for fields of more
+    than one dimension.
     """
 
     def __init__(
@@ -80,17 +85,7 @@ class BatchReader:
     ) -> None:
         if isinstance(batch_size, bool) or operator.index(batch_size) < 1:
             raise ValueError(f"batch_size must be a positive integer, got {batch_size!r}")
-        if ragged not in RAGGED_FORMS:
-            raise ValueError(f"ragged: expected one of {RAGGED_FORMS}, found {ragged!r}")
-        if ragged == "pad":
-            names = set(reader.schema.names)
-            for field in reader.schema.fields:
-                extra = f"{field.name}_lengths"
-                if field.kind == "array" and not field.fixed and extra in names:
-                    raise ValueError(
-                        f"ragged='pad' would add field {extra!r}, which the snapshot already "
-                        "has; use ragged='list'"
-                    )
+        check_form(reader.schema, ragged)
         if prefetch_bytes < 1:
             raise ValueError(f"prefetch_bytes: expected a positive int, found {prefetch_bytes}")
         self.reader = reader
@@ -301,6 +296,9 @@ class BatchReader:
         for field in self.reader.schema.fields:
             name = field.name
             sliced = [columns[name][a:b] for columns, a, b in parts]
+            if isinstance(sliced[0], RaggedRows):
+                emit(field, sliced, self.ragged, batch)
+                continue
             sliced = [p.materialize() if isinstance(p, RowCopy) else p for p in sliced]
             if len(sliced) == 1:
                 value = sliced[0]
@@ -308,7 +306,5 @@ class BatchReader:
                 value = np.concatenate(sliced)
             else:
                 value = [item for part in sliced for item in part]
-            if self.ragged == "pad" and field.kind == "array" and not field.fixed:
-                value, batch[f"{name}_lengths"] = pad_ragged(value, field)
             batch[name] = value
         return batch

@@ -22,6 +22,7 @@ import pyarrow as pa
 
 from .arraylike import as_numpy, convert_values
 from .errors import SchemaError
+from .ragged import RaggedRows
 from .schema import (
     _DECLARE_HINT,
     Field,
@@ -200,7 +201,8 @@ def gather(
     """Sample ``i`` is row ``rows[i]`` of ``blocks[which[i]]``: assemble them, in order.
 
     Fixed-shape and scalar numeric fields come back stacked as one ndarray; varying-shape arrays
-    as a list of ndarrays (views into the blocks); str and bytes as lists. Called once per shuffle
+    as a :class:`~snapstore.ragged.RaggedRows` (the rows' bounds in the blocks, sliced and taken
+    as views, packed or padded batch by batch); str and bytes as lists. Called once per shuffle
     window, so its per-call work is amortized over thousands of samples. Fields with large rows
     come back as a :class:`RowCopy`, to be sliced and copied batch by batch: a window-sized
     copy would be a fresh allocation of tens of MB, paid in page faults every window.
@@ -211,7 +213,7 @@ def gather(
         if field.kind in ("str", "bytes"):
             out[field.name] = _gather_objects(cols, which, rows)
         elif field.kind == "array" and not field.fixed:
-            out[field.name] = [cols[w].row(r) for w, r in zip(which.tolist(), rows.tolist())]
+            out[field.name] = RaggedRows(field, cols, which, rows)
         elif not cols:
             out[field.name] = np.empty((0, *(field.shape or ())), dtype=field.np_dtype)
         elif len(cols) == 1:
@@ -279,23 +281,6 @@ def _take_rows(col: np.ndarray[Any, Any], rows: np.ndarray[Any, Any]) -> np.ndar
         return col[rows[0] : rows[-1] + 1]
     taken: np.ndarray[Any, Any] = col[rows]
     return taken
-
-
-def pad_ragged(
-    arrays: list[np.ndarray[Any, Any]], field: Field
-) -> tuple[np.ndarray[Any, Any], np.ndarray[Any, Any]]:
-    """Zero-pad a batch of varying-shape arrays to their largest shape.
-
-    Returns the padded array ``(batch, *max_shape)`` and the true shapes: ``(batch,)`` lengths
-    for 1-D fields, ``(batch, ndim)`` for higher ranks.
-    """
-    ndim = len(field.shape or ())
-    shapes = np.array([a.shape for a in arrays], dtype=np.int64).reshape(len(arrays), ndim)
-    top = shapes.max(axis=0) if len(arrays) else np.zeros(ndim, np.int64)
-    padded = np.zeros((len(arrays), *top.tolist()), dtype=field.np_dtype)
-    for out, a in zip(padded, arrays):
-        out[tuple(slice(0, n) for n in a.shape)] = a
-    return padded, shapes[:, 0].copy() if ndim == 1 else shapes
 
 
 # --- columnar input: a batch of samples given as one column per field -----------------------

@@ -243,9 +243,10 @@ class Snapshot:
         decode_threads : int, optional
             Threads that decompress and decode blocks: default min(4, CPUs). One is enough
             where other processes share the cores (DataLoader workers use one by default).
-        ragged : {"list", "pad"}
-            Varying-shape array fields as lists of arrays, or zero-padded with their true
-            shapes in ``<name>_lengths``.
+        ragged : {"list", "pad", "packed"}
+            Varying-shape array fields as lists of arrays, zero-padded with their true shapes
+            in ``<name>_lengths``, or packed: every sample's values in one flat array with
+            ``<name>_offsets`` (and ``<name>_shapes`` for fields of more than one dimension).
 
         Returns
         -------

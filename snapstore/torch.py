@@ -39,8 +39,9 @@ from .errors import ResumeError
 from .handle import SnapshotHandle
 from .snapshot import Snapshot
 from .snapshot import open as open_snapshot
+from .torch_ragged import RaggedList, TorchRaggedForm, arrays_to_list, from_packed, reader_form
 
-__all__ = ["SnapshotDataset", "SnapshotIterableDataset", "to_tensors"]
+__all__ = ["RaggedList", "SnapshotDataset", "SnapshotIterableDataset", "to_tensors"]
 
 STATE_VERSION = 1
 
@@ -50,10 +51,9 @@ def _tensor(value: np.ndarray[Any, Any]) -> torch.Tensor:
 
     ``torch.from_numpy`` warns on a read-only array because the tensor would be writable.
     Shuffled batches from :class:`~snapstore.BatchReader` are gathered into fresh, writable
-    arrays, so they are never copied. Unshuffled batches (slices of a decoded block), single
-    samples (:class:`SnapshotDataset`) and the items of varying-shape fields are read-only views
-    into decoded blocks that a cache shares with later reads: writing through a tensor would
-    corrupt them, so those are copied.
+    arrays, so they are never copied. Unshuffled batches (slices of a decoded block) and single
+    samples (:class:`SnapshotDataset`) are read-only views into decoded blocks that a cache
+    shares with later reads: writing through a tensor would corrupt them, so those are copied.
     """
     if not value.flags.writeable:
         value = value.copy()
@@ -72,8 +72,9 @@ def to_tensors(sample: Mapping[str, Any]) -> dict[str, Any]:
     -------
     dict
         Arrays, numpy scalars and Python ``int``/``float``/``bool`` as tensors (without a copy
-        for writable arrays); lists of arrays (varying-shape fields) as lists of tensors;
-        ``str``, ``bytes`` and lists of them unchanged.
+        for writable arrays); lists of arrays (varying-shape fields) as a :class:`RaggedList`
+        (tensors viewing one copy of the arrays, which crosses DataLoader workers as one
+        buffer); ``str``, ``bytes`` and lists of them unchanged.
     """
     out: dict[str, Any] = {}
     for name, value in sample.items():
@@ -84,7 +85,7 @@ def to_tensors(sample: Mapping[str, Any]) -> dict[str, Any]:
         elif isinstance(value, (bool, int, float)):
             out[name] = torch.tensor(value)
         elif isinstance(value, list) and value and isinstance(value[0], np.ndarray):
-            out[name] = [_tensor(item) for item in value]
+            out[name] = arrays_to_list(value)
         else:
             out[name] = value
     return out
@@ -147,9 +148,17 @@ class SnapshotIterableDataset(IterableDataset[dict[str, Any]]):
     rank, world_size : int, optional
         This process's place among the ranks. By default ``torch.distributed``'s when it is
         initialized, otherwise 0 of 1.
+    ragged : {"list", "nested", "packed", "pad"}
+        The form of varying-shape array fields. ``"list"`` (default): a :class:`RaggedList`,
+        a list of tensors viewing one buffer. ``"nested"``: a ``torch.nested`` tensor, jagged
+        layout where only the first dimension varies, strided layout otherwise. ``"packed"``:
+        the values in one flat tensor with ``<name>_offsets`` (and ``<name>_shapes`` for fields
+        of more than one dimension), as :meth:`snapstore.Snapshot.batches` gives them.
+        ``"pad"``: zero-padded, with ``<name>_lengths``. Every form crosses from DataLoader
+        workers as one buffer per field, not one per sample.
     **batches_options
         Further arguments of :meth:`snapstore.Snapshot.batches` (``window_bytes``,
-        ``prefetch_bytes``, ``decode_threads``, ``ragged``...). The reader memory bound applies
+        ``prefetch_bytes``, ``decode_threads``...). The reader memory bound applies
         per worker. Inside DataLoader workers ``decode_threads`` defaults to the worker's share
         of the CPUs (at least 1, at most 4), so decoding does not steal the cores the workers'
         transforms run on.
@@ -188,12 +197,14 @@ class SnapshotIterableDataset(IterableDataset[dict[str, Any]]):
         drop_last: bool = False,
         rank: int | None = None,
         world_size: int | None = None,
+        ragged: TorchRaggedForm = "list",
         **batches_options: Any,
     ) -> None:
         self._location = _handle(snapshot_or_fingerprint, root)
         self.rank, self.world_size = _place(rank, world_size)
         self.epoch = 0
-        self._options: dict[str, Any] = dict(batches_options)
+        self.ragged = ragged
+        self._options: dict[str, Any] = dict(batches_options, ragged=reader_form(ragged))
         self._options |= {"batch_size": batch_size, "shuffle": shuffle, "seed": seed}
         self._options |= {"drop_last": drop_last}
         self._reader: BatchReader | None = None
@@ -254,10 +265,10 @@ class SnapshotIterableDataset(IterableDataset[dict[str, Any]]):
         self._reader = reader
         return self._batches(reader)
 
-    @staticmethod
-    def _batches(reader: BatchReader) -> Iterator[dict[str, Any]]:
+    def _batches(self, reader: BatchReader) -> Iterator[dict[str, Any]]:
+        schema, form = reader.reader.schema, self.ragged
         for batch in reader:
-            yield to_tensors(batch)
+            yield from_packed(to_tensors(batch), schema, form)
 
     def state_dict(self) -> dict[str, int]:
         """This worker's position: its reader's ``get_state()``, or the epoch before a pass.

@@ -103,7 +103,9 @@ def test_bad_arguments(snap) -> None:
         snap.batches(0)
     with pytest.raises(ValueError, match="rank"):
         snap.batches(8, rank=4, world_size=4)
-    with pytest.raises(ValueError, match=r"ragged: expected one of \('list', 'pad'\), found 'x'"):
+    with pytest.raises(
+        ValueError, match=r"ragged: expected one of \('list', 'pad', 'packed'\), found 'x'"
+    ):
         snap.batches(8, ragged="x")
     with pytest.raises(ValueError, match="prefetch_bytes: expected a positive int, found 0"):
         snap.batches(8, prefetch_bytes=0)

@@ -67,6 +67,7 @@ def test_bench_torch_smoke(tmp_path: Path) -> None:
     for transform in ("augment", "tensor"):
         assert f"{transform}: DataLoader 2 workers / one-process reader:" in out.stdout
     assert "DataLoader overhead, 0 workers / reader (no transform)" in out.stdout
+    assert "tok: default ragged='list', 2 workers / 0 workers:" in out.stdout
 
 
 def test_bench_engines_smoke() -> None:
