@@ -100,7 +100,7 @@ def test_pickles_without_reader(snap: snapstore.Snapshot) -> None:
     source = SnapshotSource(snap)
     source[0]
     copy = pickle.loads(pickle.dumps(source))
-    assert copy._snapshot is None
+    assert copy._handle._opened is None
     assert copy[7]["id"] == 7 and len(copy) == N
 
 
