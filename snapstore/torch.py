@@ -39,7 +39,14 @@ from .errors import ResumeError
 from .handle import SnapshotHandle
 from .snapshot import Snapshot
 from .snapshot import open as open_snapshot
-from .torch_ragged import RaggedList, TorchRaggedForm, arrays_to_list, from_packed, reader_form
+from .torch_ragged import (
+    RaggedList,
+    TorchRaggedForm,
+    arrays_to_list,
+    from_packed,
+    reader_form,
+    share_batch,
+)
 
 __all__ = ["RaggedList", "SnapshotDataset", "SnapshotIterableDataset", "to_tensors"]
 
@@ -267,8 +274,12 @@ class SnapshotIterableDataset(IterableDataset[dict[str, Any]]):
 
     def _batches(self, reader: BatchReader) -> Iterator[dict[str, Any]]:
         schema, form = reader.reader.schema, self.ragged
+        in_worker = get_worker_info() is not None
         for batch in reader:
-            yield from_packed(to_tensors(batch), schema, form)
+            tensors = from_packed(to_tensors(batch), schema, form)
+            # One shared buffer per batch: the main process fetches one file descriptor, not one
+            # per tensor (see share_batch).
+            yield share_batch(tensors) if in_worker else tensors
 
     def state_dict(self) -> dict[str, int]:
         """This worker's position: its reader's ``get_state()``, or the epoch before a pass.
