@@ -185,3 +185,29 @@ def test_to_tensors_packs_a_list_of_arrays() -> None:
 def test_unknown_form_raises_in_the_constructor(snap: snapstore.Snapshot, tmp_path: Path) -> None:
     with pytest.raises(ValueError, match=r"ragged: expected one of \('list', 'nested'"):
         SnapshotIterableDataset(snap, batch_size=4, ragged="ragged")  # type: ignore[arg-type]
+
+
+def test_share_batch_puts_every_tensor_in_one_shared_buffer() -> None:
+    from snapstore.torch_ragged import share_batch
+
+    tokens = RaggedList.from_tensors([torch.arange(3, dtype=torch.int32), torch.arange(0).int()])
+    batch = {
+        "tokens": tokens,
+        "id": torch.tensor([7, 8]),
+        "x": torch.arange(12, dtype=torch.float64).reshape(2, 6).t(),  # not contiguous
+        "meta": {"ok": torch.tensor([True, False])},
+        "name": ["a", "b"],
+    }
+    expected = {k: v for k, v in batch.items()}
+    shared = share_batch(dict(batch))
+    storages = {
+        t.untyped_storage().data_ptr()
+        for t in (shared["tokens"].values, shared["id"], shared["x"], shared["meta"]["ok"])
+    }
+    assert len(storages) == 1 and shared["id"].is_shared()
+    assert isinstance(shared["tokens"], RaggedList) and shared["tokens"]._intact()
+    assert [t.tolist() for t in shared["tokens"]] == [[0, 1, 2], []]
+    assert torch.equal(shared["x"], expected["x"]) and torch.equal(shared["id"], expected["id"])
+    assert shared["meta"]["ok"].tolist() == [True, False] and shared["name"] == ["a", "b"]
+    one = {"id": torch.tensor([1])}
+    assert share_batch(one) is one and not one["id"].is_shared()  # one tensor: nothing to gain
