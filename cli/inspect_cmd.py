@@ -66,8 +66,15 @@ def preview(value: Any) -> Any:
     """The ``--json`` preview of one field value (see docs/cli.md, ``snapstore head``).
 
     Arrays: ``{"dtype", "shape", "min", "max", "mean", "head"}``; ``str`` and ``bytes``:
-    ``{"type", "length", "head"}``; ``int``, ``float`` and ``bool``: the value itself.
+    ``{"type", "length", "head"}``; lists of str or bytes: ``{"type": "list", "length",
+    "head"}`` (previews of the first items); nested dicts: ``{"type": "dict", "fields"}``
+    (key to preview); ``int``, ``float``, ``bool`` and None: the value itself.
     """
+    if isinstance(value, dict):
+        return {"type": "dict", "fields": {k: preview(v) for k, v in value.items()}}
+    if isinstance(value, list):
+        items = [preview(v) for v in value[:_HEAD_VALUES]]
+        return {"type": "list", "length": len(value), "head": items}
     if isinstance(value, np.ndarray) or (isinstance(value, np.generic) and value.dtype.kind == "c"):
         return _array_preview(np.asarray(value))
     if isinstance(value, str):
@@ -94,6 +101,12 @@ def _format_preview(p: Any) -> str:
         head = ", ".join(_format_number(v) for v in p["head"])
         stats = " ".join(f"{k}={_format_number(p[k])}" for k in ("min", "max", "mean"))
         return f"{p['dtype']}[{shape}] {stats} [{head}{more}]"
+    if isinstance(p, dict) and p["type"] == "dict":
+        return "{" + ", ".join(f"{k}: {_format_preview(v)}" for k, v in p["fields"].items()) + "}"
+    if isinstance(p, dict) and p["type"] == "list":
+        more = ", ..." if p["length"] > len(p["head"]) else ""
+        items = ", ".join(_format_preview(v) for v in p["head"])
+        return f"[{items}{more}] ({p['length']} items)"
     if isinstance(p, dict):
         cut = "..." if p["length"] > len(p["head"]) and p["type"] == "str" else ""
         cut = "..." if p["type"] == "bytes" and p["length"] > _HEAD_BYTES else cut

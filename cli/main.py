@@ -19,6 +19,7 @@ import click
 from snapstore.catalog import describe, diff_snapshots, list_snapshots, remove_snapshot
 from snapstore.errors import BusyError, SnapstoreError
 from snapstore.gc import Policy, collect_garbage, select_snapshots
+from snapstore.schema import Field
 from snapstore.snapshot import resolve_fingerprint
 from snapstore.verify import verify_snapshot
 
@@ -230,13 +231,8 @@ def _format_info(info: dict[str, Any]) -> str:
         f"integrity    {info.get('integrity', '-')}",
         "schema:",
     ]
-    for field in info["schema"]:
-        shape = (
-            ""
-            if field["kind"] != "array"
-            else "[" + ",".join("*" if d is None else str(d) for d in field["shape"]) + "]"
-        )
-        lines.append(f"  {field['name']:<20} {field.get('dtype') or field['kind']}{shape}")
+    for field in info["schema"]:  # uint8[64,64,3], int, str | None, {w: int, h: int}...
+        lines.append(f"  {field['name']:<20} {Field.from_json(field).describe()}")
     lines.append("fingerprint parts:")
     for name, digest in sorted(info["fingerprint_parts"].items()):
         lines.append(f"  {name:<20} {digest[:16]}")

@@ -10,6 +10,7 @@
 """
 
 from .batches import BatchReader
+from .declare import nullable
 from .errors import (
     AmbiguousFingerprintError,
     BusyError,
@@ -64,6 +65,7 @@ __all__ = [
     "WriteOptions",
     "default_root",
     "files",
+    "nullable",
     "open",
     "open_store",
     "snapshot",

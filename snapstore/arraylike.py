@@ -28,8 +28,9 @@ from .errors import SchemaError
 
 __all__ = ["as_numpy", "convert_sample", "convert_values"]
 
-PLAIN_TYPES = frozenset({np.ndarray, int, float, bool, str, bytes})
-"""Value types stored as they are (numpy scalars and ndarray subclasses are too)."""
+PLAIN_TYPES = frozenset({np.ndarray, int, float, bool, str, bytes, list, tuple, type(None)})
+"""Value types stored as they are (numpy scalars and ndarray subclasses are too); a list holds
+numbers, str or bytes, never tensors (the schema checks refuse a list of tensors)."""
 
 # DLPack refuses, depending on the producer: another device (BufferError), a dtype it cannot
 # describe (RuntimeError, TypeError), an unsupported version or layout (ValueError).
@@ -152,7 +153,11 @@ def convert_sample(sample: Any, index: int) -> Any:
         kind = type(value)
         if kind in PLAIN_TYPES:
             continue
-        if kind is tensor:  # inlined for the common case: a plain CPU tensor, shared memory
+        if kind is dict:  # a nested dict: its tensors are converted too
+            array: Any = convert_sample(value, index)
+            if array is value:
+                continue
+        elif kind is tensor:  # inlined for the common case: a plain CPU tensor, shared memory
             try:
                 array = value.numpy()
             except (RuntimeError, TypeError):  # grad, device, dtype...: see _from_torch

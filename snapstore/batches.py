@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from .columns import RowCopy, gather
+from .columns import RowCopy, gather, nest_batch
 from .errors import ResumeError
 from .plan import EpochPlan, PlanOptions
 from .prefetch import Prefetcher, ReadStats
@@ -85,7 +85,7 @@ class BatchReader:
     ) -> None:
         if isinstance(batch_size, bool) or operator.index(batch_size) < 1:
             raise ValueError(f"batch_size must be a positive integer, got {batch_size!r}")
-        check_form(reader.schema, ragged)
+        check_form(reader.schema.flat(), ragged)
         if prefetch_bytes < 1:
             raise ValueError(f"prefetch_bytes: expected a positive int, found {prefetch_bytes}")
         self.reader = reader
@@ -293,7 +293,7 @@ class BatchReader:
             if piece[1] == stop:
                 pieces.popleft()
         batch: dict[str, Any] = {}
-        for field in self.reader.schema.fields:
+        for field in self.reader.schema.flat().fields:  # nested fields by path, _valid masks
             name = field.name
             sliced = [columns[name][a:b] for columns, a, b in parts]
             if isinstance(sliced[0], RaggedRows):
@@ -307,4 +307,4 @@ class BatchReader:
             else:
                 value = [item for part in sliced for item in part]
             batch[name] = value
-        return batch
+        return nest_batch(self.reader.schema, batch, self.ragged)

@@ -21,18 +21,13 @@ import numpy as np
 import pyarrow as pa
 
 from .arraylike import as_numpy, convert_values
+from .checks import check_sample, fast_check
+from .encode import column_array
 from .errors import SchemaError
+from .inference import check_keys, infer_schema
 from .ragged import RaggedRows
-from .schema import (
-    _DECLARE_HINT,
-    Field,
-    Schema,
-    check_keys,
-    check_sample,
-    infer_schema,
-)
+from .schema import _DECLARE_HINT, Field, Schema
 from .schema import _check_dtype as check_dtype
-from .schema import _fast_check as fast_check
 
 __all__ = [
     "BlockColumns",
@@ -42,63 +37,24 @@ __all__ = [
     "conform_columns",
     "gather",
     "infer_columns",
+    "nest_batch",
     "normalize_columns",
     "row_sizes",
     "to_record_batch",
 ]
 
 
-def _array_column(field: Field, values: list[Any]) -> pa.Array:
-    dtype = field.np_dtype
-    storage = field.storage_dtype()
-    shape = field.storage_shape()
-    if field.fixed:
-        fixed = tuple(int(d) for d in shape if d is not None)
-        stacked = np.asarray(values, dtype=dtype) if len(values) else np.empty((0, *fixed), storage)
-        flat = np.ascontiguousarray(stacked).view(storage).reshape(-1)
-        if not shape:
-            return pa.array(flat)
-        if math.prod(fixed) == 0:  # Arrow's from_arrays refuses list_size 0
-            return pa.array([[]] * len(values), type=field.arrow_type())
-        return pa.FixedSizeListArray.from_arrays(pa.array(flat), math.prod(fixed))
-    # Checked values are arrays of the field's dtype and rank: one C-level pass each for the
-    # sizes, the values (flattened in any memory order) and the offsets, none per row in Python.
-    count = len(values)
-    width = 2 if dtype.kind == "c" else 1  # complex is stored as (..., 2) real values
-    sizes = np.fromiter(map(np.size, values), dtype=np.int64, count=count) * width
-    offsets = np.zeros(count + 1, dtype=np.int64)
-    np.cumsum(sizes, out=offsets[1:])
-    flat = (
-        np.concatenate(values, axis=None, dtype=dtype).view(storage)
-        if count
-        else np.empty(0, storage)
-    )
-    listed = pa.LargeListArray.from_arrays(pa.array(offsets), pa.array(flat))
-    if len(shape) == 1:
-        return listed
-    extra = (2,) if width == 2 else ()
-    shapes = np.array([(*np.shape(v), *extra) for v in values], dtype=np.int64)
-    shapes = shapes.reshape(-1, len(shape))
-    shape_col = pa.FixedSizeListArray.from_arrays(pa.array(shapes.reshape(-1)), len(shape))
-    return pa.StructArray.from_arrays([listed, shape_col], names=["values", "shape"])
-
-
 def to_record_batch(schema: Schema, samples: Sequence[dict[str, Any]]) -> pa.RecordBatch:
     """Build one record batch from samples already checked against ``schema``."""
-    columns = []
-    for field in schema.fields:
-        values = [s[field.name] for s in samples]
-        if field.kind == "array":
-            columns.append(_array_column(field, values))
-        else:
-            columns.append(pa.array(values, type=field.arrow_type()))
+    columns = [column_array(f, [s[f.name] for s in samples]) for f in schema.fields]
     return pa.RecordBatch.from_arrays(columns, schema=schema.arrow_schema())
 
 
 def _numpy(array: pa.Array) -> np.ndarray[Any, Any]:
     """A zero-copy view of a primitive array's values (bools, packed as bits, are copied)."""
     if pa.types.is_boolean(array.type):
-        copied: np.ndarray[Any, Any] = array.to_numpy(zero_copy_only=False)
+        filled = array.fill_null(False) if array.null_count else array
+        copied: np.ndarray[Any, Any] = filled.to_numpy(zero_copy_only=False)
         return copied
     # Straight from the data buffer: ~10x cheaper per call than Array.to_numpy, which matters
     # because a block is decoded for every ~1 MiB read.
@@ -156,11 +112,23 @@ class BlockColumns:
         self.rows = batch.num_rows
         self._columns: dict[str, Any] = {}
         for field, column in zip(schema.fields, batch.columns):
-            self._columns[field.name] = self._view(field, column)
+            self._add(field, field.name, column)
+        self._nested = schema.flat() is not schema
+
+    def _add(self, field: Field, key: str, column: pa.Array) -> None:
+        """Views of a field under the keys of :meth:`Schema.flat`: nested fields by dotted
+        path, and the validity of a masked field as ``<key>_valid``."""
+        if field.kind == "struct":
+            for i, child in enumerate(field.fields):
+                self._add(child, f"{key}.{child.name}", column.field(i))
+        else:
+            self._columns[key] = self._view(field, column)
+        if field.masked:
+            self._columns[f"{key}_valid"] = _validity(column)
 
     @staticmethod
     def _view(field: Field, column: pa.Array) -> Any:
-        if field.kind in ("str", "bytes"):
+        if field.kind in ("str", "bytes", "list"):
             return column
         if field.kind != "array":
             return _numpy(column)
@@ -174,11 +142,14 @@ class BlockColumns:
         return view
 
     def column(self, name: str) -> Any:
-        """The whole-block view of a field: an ndarray for fixed-shape and scalar numeric fields."""
+        """The whole-block view of a column of :meth:`Schema.flat`: an ndarray for fixed-shape
+        and scalar numeric fields and for ``<name>_valid`` masks."""
         return self._columns[name]
 
     def sample(self, row: int) -> dict[str, Any]:
-        """One row as a sample dict (arrays are views into the block)."""
+        """One row as a sample dict (arrays are views into the block; None where null)."""
+        if self._nested:
+            return self._row(self.schema.fields, "", row)
         out: dict[str, Any] = {}
         for field in self.schema.fields:
             col = self._columns[field.name]
@@ -191,6 +162,35 @@ class BlockColumns:
                 out[field.name] = col[row].as_py()
         return out
 
+    def field_values(self, field: Field) -> list[Any]:
+        """The values of one top-level field, row by row, as :meth:`sample` gives them."""
+        return [self._row((field,), "", row)[field.name] for row in range(self.rows)]
+
+    def _row(self, fields: Sequence[Field], prefix: str, row: int) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        for field in fields:
+            key = prefix + field.name
+            if field.masked and not self._columns[f"{key}_valid"][row]:
+                out[field.name] = None
+            elif field.kind == "struct":
+                out[field.name] = self._row(field.fields, f"{key}.", row)
+            elif field.kind in ("str", "bytes", "list"):
+                out[field.name] = self._columns[key][row].as_py()
+            elif field.kind == "array" and not field.fixed:
+                out[field.name] = self._columns[key].row(row)
+            else:
+                value = self._columns[key][row]
+                out[field.name] = value.item() if field.kind != "array" else value
+        return out
+
+
+def _validity(column: pa.Array) -> np.ndarray[Any, Any]:
+    """Which rows of a column are not null, as a bool array."""
+    if column.null_count == 0:
+        return np.ones(len(column), dtype=bool)
+    valid: np.ndarray[Any, Any] = column.is_valid().to_numpy(zero_copy_only=False)
+    return valid
+
 
 def gather(
     schema: Schema,
@@ -198,7 +198,9 @@ def gather(
     which: np.ndarray[Any, Any],
     rows: np.ndarray[Any, Any],
 ) -> dict[str, Any]:
-    """Sample ``i`` is row ``rows[i]`` of ``blocks[which[i]]``: assemble them, in order.
+    """Sample ``i`` is row ``rows[i]`` of ``blocks[which[i]]``: assemble them, in order, by the
+    columns of ``schema.flat()`` (nested fields by dotted path, ``<name>_valid`` masks; see
+    :func:`nest_batch` for the batch's final shape).
 
     Fixed-shape and scalar numeric fields come back stacked as one ndarray; varying-shape arrays
     as a :class:`~snapstore.ragged.RaggedRows` (the rows' bounds in the blocks, sliced and taken
@@ -208,9 +210,9 @@ def gather(
     copy would be a fresh allocation of tens of MB, paid in page faults every window.
     """
     out: dict[str, Any] = {}
-    for field in schema.fields:
+    for field in schema.flat().fields:
         cols = [b.column(field.name) for b in blocks]
-        if field.kind in ("str", "bytes"):
+        if field.kind in ("str", "bytes", "list"):
             out[field.name] = _gather_objects(cols, which, rows)
         elif field.kind == "array" and not field.fixed:
             out[field.name] = RaggedRows(field, cols, which, rows)
@@ -236,6 +238,45 @@ def _gather_objects(
         for pos, value in zip(positions.tolist(), values):
             items[pos] = value
     return items
+
+
+def nest_batch(schema: Schema, batch: dict[str, Any], ragged: str) -> dict[str, Any]:
+    """A batch assembled from the columns of ``schema.flat()``, shaped like the samples: a nested
+    dict's fields as a dict of batch columns (their ``_valid`` masks and ragged extras beside
+    them, ``<name>_valid`` of the dict itself beside the dict), and, with ``ragged="list"``,
+    None for the null rows of a varying-shape field (in place of a mask). ``batch`` itself
+    when the schema has no nested or nullable field (every format version 1 schema)."""
+    if schema.flat() is schema:
+        return batch
+    if ragged == "list":
+        _none_rows(schema.fields, "", batch)
+    return _nest(schema.fields, batch)
+
+
+def _none_rows(fields: Sequence[Field], prefix: str, batch: dict[str, Any]) -> None:
+    for f in fields:
+        key = prefix + f.name
+        if f.kind == "struct":
+            _none_rows(f.fields, f"{key}.", batch)
+        elif f.masked and f.kind == "array" and not f.fixed:
+            valid = batch.pop(f"{key}_valid").tolist()
+            batch[key] = [a if ok else None for a, ok in zip(batch[key], valid)]
+
+
+def _nest(fields: Sequence[Field], flat: dict[str, Any]) -> dict[str, Any]:
+    structs = [f for f in fields if f.kind == "struct"]
+    if not structs:
+        return flat
+    out: dict[str, Any] = {}
+    for key, value in flat.items():  # keys keep their order; a dict sits where its first key was
+        owner = next((f for f in structs if key.startswith(f"{f.name}.")), None)
+        if owner is None:
+            out[key] = value
+        else:
+            out.setdefault(owner.name, {})[key[len(owner.name) + 1 :]] = value
+    for f in structs:
+        out[f.name] = _nest(f.fields, out[f.name])
+    return out
 
 
 # Rows at least this large are copied one by one straight into place: one pass over memory.
@@ -342,12 +383,15 @@ def normalize_columns(columns: Any) -> tuple[dict[str, Any], int]:
 
 def _from_arrow(name: str, col: Any) -> Any:
     array = col.combine_chunks() if isinstance(col, pa.ChunkedArray) else col
-    if array.null_count:
-        raise SchemaError(
-            f"column {name!r} holds {array.null_count} null values; snapstore samples have no "
-            "nulls. Fill them or drop the rows first."
-        )
     kind = array.type
+    if array.null_count or pa.types.is_struct(kind):
+        return array.to_pylist()  # None and nested dicts as the Python values a stage yields
+    if pa.types.is_list(kind) or pa.types.is_large_list(kind):
+        if _is_number(kind.value_type) and not array.values.null_count:
+            offsets = array.offsets.to_numpy()
+            flat = array.flatten().to_numpy(zero_copy_only=False)
+            return np.split(flat, offsets[1:-1] - offsets[0])  # 1-D arrays of the list's dtype
+        return array.to_pylist()
     if (
         pa.types.is_string(kind)
         or pa.types.is_large_string(kind)
@@ -355,7 +399,7 @@ def _from_arrow(name: str, col: Any) -> Any:
         or pa.types.is_large_binary(kind)
     ):
         return array.to_pylist()
-    if pa.types.is_integer(kind) or pa.types.is_floating(kind) or pa.types.is_boolean(kind):
+    if _is_number(kind):
         return array.to_numpy(zero_copy_only=False)
     if pa.types.is_fixed_size_list(kind) and (
         pa.types.is_integer(kind.value_type) or pa.types.is_floating(kind.value_type)
@@ -365,6 +409,12 @@ def _from_arrow(name: str, col: Any) -> Any:
     raise SchemaError(
         f"column {name!r}: Arrow type {kind} is not supported by add_batch; pass a mapping of "
         "numpy arrays and lists instead (varying-shape arrays as a list of arrays)"
+    )
+
+
+def _is_number(kind: pa.DataType) -> bool:
+    return bool(
+        pa.types.is_integer(kind) or pa.types.is_floating(kind) or pa.types.is_boolean(kind)
     )
 
 
@@ -390,6 +440,10 @@ def _value_nbytes(value: Any) -> int:
         return int(value.nbytes)
     if isinstance(value, (str, bytes)):
         return len(value) + 8
+    if isinstance(value, (list, tuple)):
+        return 8 * len(value) + 8
+    if isinstance(value, dict):
+        return sum(map(_value_nbytes, value.values()))
     return 8
 
 
@@ -403,7 +457,7 @@ def infer_columns(columns: Mapping[str, Any], first: int) -> Schema:
             dtype = check_dtype(col.dtype, name)
             fields.append(Field(name, "array", dtype.name, tuple(col.shape[1:])))
         else:
-            fields.append(infer_schema([{name: v} for v in col], first).fields[0])
+            fields.append(infer_schema([{name: v} for v in col], first, resolved=False).fields[0])
     return Schema(tuple(fields))
 
 
@@ -436,13 +490,13 @@ def _conform(field: Field, col: Any, first: int) -> Any:
     bad = [i for i, v in enumerate(col) if not fast(v)]
     for i in bad:  # the slow check names the sample; what it accepts is converted below
         check_sample(Schema((field,)), {field.name: col[i]}, first + i)
-    if field.kind in _PYTHON_DTYPE:
+    if field.kind in _PYTHON_DTYPE and not field.nullable:
         return np.array(col, dtype=_PYTHON_DTYPE[field.kind]).reshape(len(col))
     if field.kind != "array":
-        return col
-    if bad:
-        col = [np.asarray(v, dtype=field.np_dtype) for v in col]
-    if field.fixed:
+        return col  # str, bytes, lists of them, nested dicts, nullable scalars: a list
+    if bad:  # accepted by the slow check: e.g. arrays in another byte order, made native here
+        col = [np.asarray(v, field.np_dtype) if isinstance(v, np.ndarray) else v for v in col]
+    if field.fixed and not field.nullable:
         shape = (len(col), *(field.shape or ()))
         return np.stack(col) if col else np.empty(shape, field.np_dtype)
     return col
@@ -453,8 +507,8 @@ _PYTHON_DTYPE = {"int": "int64", "float": "float64", "bool": "bool"}
 
 def _column_error(field: Field, dtype: Any, shape: tuple[int, ...], first: int) -> SchemaError:
     want = _PYTHON_DTYPE.get(field.kind, field.dtype)
-    if field.kind in ("str", "bytes"):
-        todo = f"pass a list of {field.kind} values"
+    if field.kind in ("str", "bytes", "list", "struct"):
+        todo = "pass a list of its per-row values"
     elif dtype.name != want:
         todo = f"convert it with column.astype(np.{want})"
     else:
@@ -469,11 +523,5 @@ def _column_error(field: Field, dtype: Any, shape: tuple[int, ...], first: int) 
 
 def batch_from_columns(schema: Schema, columns: Mapping[str, Any]) -> pa.RecordBatch:
     """One record batch from columns made by :func:`conform_columns` (sliced to a block)."""
-    arrays = []
-    for field in schema.fields:
-        col = columns[field.name]
-        if field.kind == "array":
-            arrays.append(_array_column(field, col))
-        else:
-            arrays.append(pa.array(col, type=field.arrow_type()))
+    arrays = [column_array(f, columns[f.name]) for f in schema.fields]
     return pa.RecordBatch.from_arrays(arrays, schema=schema.arrow_schema())

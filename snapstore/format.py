@@ -1,6 +1,10 @@
-"""On-disk format v1: blocks, shards, the block index, the manifest and the commit record.
+"""On-disk format v2 (reading v1 too): blocks, shards, the block index, the manifest and the
+commit record.
 
 The normative description is docs/format.md; this module is its reference implementation.
+Version 2 added nullable fields, nested dicts (Arrow structs) and lists of str or bytes to the
+schema (docs/format.md, section 6); files, blocks and the commit protocol are as in version 1,
+so a version 1 snapshot reads as it always did.
 Layout of a snapshot under a root::
 
     <root>/<fingerprint>/COMMIT                    commit record, created only if absent
@@ -31,6 +35,7 @@ __all__ = [
     "CODEC_RAW",
     "CODEC_ZSTD",
     "FORMAT_VERSION",
+    "READABLE_VERSIONS",
     "INDEX_DTYPE",
     "CommitRecord",
     "EncodedBlock",
@@ -40,7 +45,9 @@ __all__ = [
     "write_index",
 ]
 
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
+# Versions this reader reads: version 1 is version 2 without the new field kinds.
+READABLE_VERSIONS = (1, 2)
 SHARD_MAGIC = b"SNAPSHD1"
 # Blocks start at multiples of this offset in a shard (zero padding between), so a raw block's
 # buffers, viewed in place through a memory map, are aligned for every dtype.
@@ -218,14 +225,15 @@ def load_json(data: bytes, where: str) -> dict[str, Any]:
 
 
 def check_version(data: Mapping[str, Any], where: str) -> None:
-    """Reject files of another format or a newer format version."""
+    """Reject files of another format or of a format version this reader does not read."""
     if data.get("format") != "snapstore":
         raise FormatError(f"{where} was not written by snapstore (format={data.get('format')!r})")
     version = data.get("format_version")
-    if version != FORMAT_VERSION:
+    if type(version) is not int or version not in READABLE_VERSIONS:
+        readable = " and ".join(map(str, READABLE_VERSIONS))
         raise FormatError(
-            f"{where} has format version {version!r}; this snapstore reads version "
-            f"{FORMAT_VERSION}. Upgrade snapstore, or rebuild the snapshot."
+            f"{where} has format version {version!r}; this snapstore reads versions "
+            f"{readable}. Upgrade snapstore, or rebuild the snapshot."
         )
 
 

@@ -43,7 +43,7 @@ from typing import Any
 
 import numpy as np
 
-from .columns import RowCopy, gather
+from .columns import RowCopy, gather, nest_batch
 from .handle import SnapshotHandle
 from .ragged import RaggedRows, check_form, emit
 from .reader import SnapshotReader
@@ -177,11 +177,11 @@ class SnapshotSource:
             If ``ragged`` is unknown or would add a field the snapshot already has.
         """
         reader = self._reader()
-        check_form(reader.schema, ragged)
+        check_form(reader.schema.flat(), ragged)
         reader, decoded, which, rows = self._blocks(indices)
         out = gather(reader.schema, decoded, which, rows)
         batch: dict[str, Any] = {}
-        for field in reader.schema.fields:
+        for field in reader.schema.flat().fields:  # nested fields by path, _valid masks
             value = out[field.name]
             if isinstance(value, RaggedRows):
                 if ragged == "list":
@@ -189,7 +189,7 @@ class SnapshotSource:
                 emit(field, [value], ragged, batch)
             else:
                 batch[field.name] = value.materialize() if isinstance(value, RowCopy) else value
-        return batch
+        return nest_batch(reader.schema, batch, ragged)
 
 
 _warned = False

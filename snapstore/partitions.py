@@ -18,6 +18,7 @@ import numpy as np
 
 from . import format as fmt
 from .errors import FormatError, SchemaError
+from .inference import merge_stored
 from .reader import SnapshotReader
 from .schema import Schema
 from .store import Store
@@ -180,10 +181,13 @@ def _merged_schema(
             continue  # an empty partition inferred nothing
         if found is None:
             found = reader.schema
-        elif reader.schema != found:
+            continue
+        merged = merge_stored(found, reader.schema)
+        if merged is None:
             raise SchemaError(
                 f"partitions of {fp} inferred different schemas: partition {p} has "
-                f"{reader.schema.to_json()}, an earlier one {found.to_json()}. Declare the "
+                f"{reader.schema.to_json()}, earlier ones {found.to_json()}. Declare the "
                 "schema with snapshot(..., schema=...) so every partition writes the same types."
             )
+        found = merged  # one partition saw None where another did not: the field is nullable
     return found or Schema(())

@@ -532,11 +532,18 @@ class RayExecutor(Executor):
 
 def _ray_batch(block: BlockColumns) -> dict[str, np.ndarray[Any, Any]]:
     """A decoded block as a Ray batch: fixed arrays as tensor columns, ragged ones as object
-    arrays of row arrays (Ray's variable-shaped tensors), str and bytes as object arrays."""
+    arrays of row arrays (Ray's variable-shaped tensors), str, bytes, lists of them, nested
+    dicts and nullable fields as object arrays of the values ``snap[i]`` gives."""
     batch: dict[str, np.ndarray[Any, Any]] = {}
     for field in block.schema.fields:
+        if field.kind == "struct" or field.masked:  # nested dicts and None: per-row values
+            values = np.empty(block.rows, dtype=object)
+            for i, value in enumerate(block.field_values(field)):
+                values[i] = value
+            batch[field.name] = values
+            continue
         column = block.column(field.name)
-        if field.kind in ("str", "bytes"):
+        if field.kind in ("str", "bytes", "list"):
             values = np.empty(block.rows, dtype=object)
             values[:] = column.to_pylist()
         elif field.kind == "array" and not field.fixed:

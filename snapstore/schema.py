@@ -1,11 +1,13 @@
 """Sample schema: which fields a sample has, their kinds, and how they map to Arrow.
 
-A sample is a flat ``dict`` of ``str`` to one of: a numpy array (any integer, unsigned, float,
+A sample is a ``dict`` of ``str`` to one of: a numpy array (any integer, unsigned, float,
 complex or bool dtype, any rank, fixed or varying shape), a numpy scalar, a Python ``int``,
-``float``, ``bool``, ``str`` or ``bytes``. A torch tensor or another array-like (``__array__``,
-``__dlpack__``) counts as the numpy array it converts to (see :mod:`snapstore.arraylike`). The
-schema is inferred from the samples of the first block unless declared; a later sample that does
-not fit raises :class:`SchemaError`.
+``float``, ``bool``, ``str`` or ``bytes``, a list of numbers (a varying 1-D array, see
+:mod:`snapstore.lists`), a list of str or bytes, a nested dict of these, or ``None`` (which
+makes the field nullable). A torch tensor or another array-like (``__array__``, ``__dlpack__``)
+counts as the numpy array it converts to (see :mod:`snapstore.arraylike`). The schema is
+inferred from the samples of the first block unless declared (:mod:`snapstore.declare`); a
+later sample that does not fit raises :class:`SchemaError`.
 
 Arrow layout per field kind (see docs/format.md):
 
@@ -15,26 +17,31 @@ Arrow layout per field kind (see docs/format.md):
   ``struct<values: large_list<T>, shape: fixed_size_list<int64>[k]>``
 - ``int`` / ``float`` / ``bool``: ``int64`` / ``float64`` / ``bool``
 - ``str`` / ``bytes``: ``large_string`` / ``large_binary``
+- list of str / bytes: ``large_list<large_string>`` / ``large_list<large_binary>``
+- nested dict: ``struct<...>`` of its fields (format version 2)
+- a nullable field: the same type, with Arrow validity (format version 2)
 
 Complex dtypes are stored as their real components with a trailing dimension of 2.
 """
 
 from __future__ import annotations
 
+import functools
 import math
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, replace
+from dataclasses import field as dataclass_field
 from typing import Any, Literal
 
 import numpy as np
 import pyarrow as pa
 
-from .arraylike import as_numpy, convert_sample
 from .errors import SchemaError
 
-__all__ = ["Field", "FieldKind", "Schema", "infer_schema"]
+__all__ = ["SUPPORTED_DTYPES", "Field", "FieldKind", "Schema", "check_names"]
 
-FieldKind = Literal["array", "int", "float", "bool", "str", "bytes"]
+# "null" exists only while a schema is inferred: a field seen as None in every sample so far.
+FieldKind = Literal["array", "int", "float", "bool", "str", "bytes", "list", "struct", "null"]
 
 _SCALAR_KINDS: dict[type, FieldKind] = {
     bool: "bool",
@@ -54,6 +61,7 @@ _DECLARE_HINT = (
     "to declare the schema explicitly, pass schema= to snapshot(), e.g. "
     "schema={'tokens': ('int32', (None,)), 'label': int, 'text': str}."
 )
+_PYTHON_NAMES = {"int64": "int", "float64": "float", "bool": "bool"}
 
 
 # Every dtype Arrow can store natively (complex as pairs of its float parts).
@@ -94,19 +102,31 @@ class Field:
     Parameters
     ----------
     name : str
-        The key in the sample dict.
-    kind : {"array", "int", "float", "bool", "str", "bytes"}
-        What the field holds.
+        The key in the sample dict (in a nested dict, the key there).
+    kind : {"array", "int", "float", "bool", "str", "bytes", "list", "struct"}
+        What the field holds: ``"list"`` is a list of str or bytes, ``"struct"`` a nested dict.
     dtype : str, optional
         For arrays: the numpy dtype string in native byte order (``"int32"``, ``"uint8"``...).
+        For lists: the item kind, ``"str"`` or ``"bytes"``.
     shape : tuple of (int or None), optional
         For arrays: the shape, with ``None`` for dimensions that vary between samples.
+    nullable : bool
+        Whether the value may be None.
+    fields : tuple of Field
+        For nested dicts: their fields, in order.
+    from_list : bool
+        While a schema is inferred: the field was seen as Python lists only, so ``int64[*]``
+        may still widen to ``float64[*]`` and ``dtype`` is None after empty lists only. Not
+        stored and not compared.
     """
 
     name: str
     kind: FieldKind
     dtype: str | None = None
     shape: tuple[int | None, ...] | None = None
+    nullable: bool = False
+    fields: tuple[Field, ...] = ()
+    from_list: bool = dataclass_field(default=False, compare=False, repr=False)
 
     @property
     def fixed(self) -> bool:
@@ -114,10 +134,16 @@ class Field:
         return self.kind == "array" and self.shape is not None and None not in self.shape
 
     @property
+    def masked(self) -> bool:
+        """True for a nullable field whose batches carry a ``<name>_valid`` mask: every kind but
+        str, bytes and lists of them, whose batch lists hold None itself."""
+        return self.nullable and self.kind not in ("str", "bytes", "list")
+
+    @property
     def np_dtype(self) -> np.dtype[Any]:
         """The numpy dtype of an array field."""
-        if self.dtype is None:
-            raise SchemaError(f"field {self.name!r} of kind {self.kind!r} has no dtype")
+        if self.dtype is None or self.kind != "array":
+            raise SchemaError(f"field {self.name!r} of kind {self.kind!r} has no numpy dtype")
         return np.dtype(self.dtype)
 
     def storage_dtype(self) -> np.dtype[Any]:
@@ -132,6 +158,10 @@ class Field:
 
     def arrow_type(self) -> pa.DataType:
         """The Arrow type this field is stored as."""
+        if self.kind == "struct":
+            return pa.struct([f.arrow_field() for f in self.fields])
+        if self.kind == "list":
+            return pa.large_list(_SCALAR_ARROW[str(self.dtype)])
         if self.kind != "array":
             return _SCALAR_ARROW[self.kind]
         value_type = pa.from_numpy_dtype(self.storage_dtype())
@@ -143,36 +173,63 @@ class Field:
             return values
         return pa.struct([("values", values), ("shape", pa.list_(pa.int64(), len(shape)))])
 
+    def arrow_field(self) -> pa.Field:
+        """The Arrow field: named, typed, and nullable only when the field is."""
+        return pa.field(self.name, self.arrow_type(), nullable=self.nullable)
+
     def to_json(self) -> dict[str, Any]:
         """A JSON-able description, as stored in the manifest."""
         out: dict[str, Any] = {"name": self.name, "kind": self.kind}
         if self.kind == "array":
             out["dtype"] = self.dtype
             out["shape"] = list(self.shape or ())
+        elif self.kind == "list":
+            out["items"] = self.dtype
+        elif self.kind == "struct":
+            out["fields"] = [f.to_json() for f in self.fields]
+        if self.nullable:
+            out["nullable"] = True
         return out
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> Field:
         """Inverse of :meth:`to_json`; validates what it reads."""
         try:
-            kind = data["kind"]
-            name = data["name"]
+            kind, name, nullable = data["kind"], data["name"], data.get("nullable", False)
+            if not isinstance(name, str) or not isinstance(nullable, bool):
+                raise TypeError("name must be a str and nullable a bool")
             if kind == "array":
                 shape = tuple(None if d is None else int(d) for d in data["shape"])
                 dtype = _check_dtype(np.dtype(data["dtype"]), name)
-                return cls(name, "array", dtype.name, shape)
+                return cls(name, "array", dtype.name, shape, nullable)
+            if kind == "list" and data["items"] in ("str", "bytes"):
+                return cls(name, "list", data["items"], nullable=nullable)
+            if kind == "struct" and data["fields"]:
+                children = tuple(Field.from_json(f) for f in data["fields"])
+                return cls(name, "struct", nullable=nullable, fields=children)
             if kind in _SCALAR_ARROW:
-                return cls(name, kind)
+                return cls(name, kind, nullable=nullable)
         except (KeyError, TypeError, ValueError) as exc:
             raise SchemaError(f"malformed field description {dict(data)!r}: {exc}") from exc
         raise SchemaError(f"unknown field kind {kind!r} in {dict(data)!r}")
 
     def describe(self) -> str:
-        """A short human form such as ``uint8[64,64,3]`` or ``int32[*]``."""
-        if self.kind != "array":
-            return self.kind
-        dims = ",".join("*" if d is None else str(d) for d in self.shape or ())
-        return f"{self.dtype}[{dims}]"
+        """A short human form such as ``uint8[64,64,3]``, ``int32[*]`` or ``str | None``."""
+        if self.kind == "null":
+            return "None"
+        if self.kind == "struct":
+            base = "{" + ", ".join(f"{f.name}: {f.describe()}" for f in self.fields) + "}"
+        elif self.kind == "list":
+            base = f"list of {self.dtype}"
+        elif self.kind == "array" and self.from_list:
+            base = f"list of {_PYTHON_NAMES.get(str(self.dtype), self.dtype)}"
+            base = base if self.dtype else "an empty list"
+        elif self.kind == "array":
+            dims = ",".join("*" if d is None else str(d) for d in self.shape or ())
+            base = f"{self.dtype}[{dims}]"
+        else:
+            base = self.kind
+        return f"{base} | None" if self.nullable else base
 
 
 @dataclass(frozen=True)
@@ -194,7 +251,19 @@ class Schema:
 
     def arrow_schema(self) -> pa.Schema:
         """The Arrow schema of every block."""
-        return pa.schema([pa.field(f.name, f.arrow_type(), nullable=False) for f in self.fields])
+        return pa.schema([f.arrow_field() for f in self.fields])
+
+    def flat(self) -> Schema:
+        """The columns a batch is assembled from: nested fields named by their dotted path
+        (``meta.w``), and after each field with a :attr:`Field.masked` validity mask a bool field
+        ``<name>_valid``. The schema itself when it has neither (every format 1 schema)."""
+        return self._flat
+
+    @functools.cached_property
+    def _flat(self) -> Schema:
+        leaves: list[Field] = []
+        _flatten(self.fields, "", leaves)
+        return self if leaves == list(self.fields) else Schema(tuple(leaves))
 
     def to_json(self) -> list[dict[str, Any]]:
         """JSON-able form, as stored in the manifest."""
@@ -203,7 +272,9 @@ class Schema:
     @classmethod
     def from_json(cls, data: Sequence[Mapping[str, Any]]) -> Schema:
         """Inverse of :meth:`to_json`."""
-        return cls(tuple(Field.from_json(d) for d in data))
+        schema = cls(tuple(Field.from_json(d) for d in data))
+        check_names(schema.fields)
+        return schema
 
     @classmethod
     def declare(cls, spec: Mapping[str, Any]) -> Schema:
@@ -212,211 +283,84 @@ class Schema:
         Parameters
         ----------
         spec : mapping
-            Field name to ``int``, ``float``, ``bool``, ``str``, ``bytes`` (the Python types), or
-            ``(dtype, shape)`` for arrays, with ``None`` for varying dimensions.
+            Field name to ``int``, ``float``, ``bool``, ``str``, ``bytes`` (the Python types);
+            ``(dtype, shape)`` for arrays, with ``None`` for varying dimensions; ``list[int]``,
+            ``list[float]``, ``list[bool]`` (the arrays ``int64[*]``, ``float64[*]``,
+            ``bool[*]``), ``list[str]``, ``list[bytes]``; a dict of declarations for a nested
+            dict; ``X | None`` or :func:`snapstore.nullable` for a field that may be None. See
+            :mod:`snapstore.declare`.
+
+        Raises
+        ------
+        SchemaError
+            Naming a field whose declaration is none of these.
 
         Examples
         --------
         >>> Schema.declare({"tokens": ("int32", (None,)), "label": int}).fields[0].describe()
         'int32[*]'
+        >>> Schema.declare({"meta": {"w": int, "tag": str | None}})["meta"].describe()
+        '{w: int, tag: str | None}'
         """
-        fields = []
-        for name, decl in spec.items():
-            if isinstance(decl, type) and decl in _SCALAR_KINDS:
-                fields.append(Field(name, _SCALAR_KINDS[decl]))
-            elif isinstance(decl, tuple) and len(decl) == 2:
-                dtype = _check_dtype(np.dtype(decl[0]), name)
-                shape = tuple(None if d is None else int(d) for d in decl[1])
-                fields.append(Field(name, "array", dtype.name, shape))
-            else:
-                raise SchemaError(
-                    f"field {name!r}: cannot understand declaration {decl!r}; expected one of "
-                    "int, float, bool, str, bytes or a (dtype, shape) tuple such as "
-                    "('int32', (None,))."
-                )
-        return cls(tuple(fields))
+        from .declare import field_from_declaration  # declare.py builds on this module
+
+        schema = cls(tuple(field_from_declaration(name, decl) for name, decl in spec.items()))
+        check_names(schema.fields)
+        return schema
 
 
-def _describe_value(value: Any) -> str:
-    if isinstance(value, np.ndarray):
-        return f"numpy array {value.dtype}{list(value.shape)}"
-    return type(value).__name__
+def _flatten(fields: Sequence[Field], prefix: str, out: list[Field]) -> None:
+    for f in fields:
+        name = prefix + f.name
+        if f.kind == "struct":
+            _flatten(f.fields, f"{name}.", out)
+        else:
+            out.append(replace(f, name=name) if prefix else f)
+        if f.masked:
+            out.append(Field(f"{name}_valid", "bool"))
 
 
-def field_of(name: str, value: Any, index: int) -> Field:
-    """The field a single value implies; raises SchemaError for unsupported values."""
-    if isinstance(value, (np.ndarray, np.generic)):
-        arr = np.asarray(value)
-        dtype = _check_dtype(arr.dtype, name)
-        return Field(name, "array", dtype.name, tuple(arr.shape))
-    kind = _SCALAR_KINDS.get(type(value))
-    if kind is None:
-        array = as_numpy(value, name, index)
-        if array is not None:
-            return field_of(name, array, index)
-    if kind == "int" and not -(2**63) <= value < 2**63:
-        raise SchemaError(
-            f"sample {index}, field {name!r}: int {value} does not fit in 64 bits; store it as "
-            "a str, or as a numpy array of a wider representation."
-        )
-    if kind is None:
-        raise SchemaError(
-            f"sample {index}, field {name!r}: values of type {type(value).__name__} are not "
-            "supported; expected a numpy array or scalar, a torch tensor or array-like "
-            "(__array__, __dlpack__), int, float, bool, str or bytes. Flatten nested dicts into "
-            "separate keys and convert other objects to arrays."
-        )
-    return Field(name, kind)
-
-
-def _merge(a: Field, b: Field, index: int) -> Field:
-    if a.kind != b.kind or a.dtype != b.dtype:
-        raise SchemaError(
-            f"field {a.name!r}: sample {index} holds {b.describe()} but earlier samples hold "
-            f"{a.describe()}. Make the type consistent, or {_DECLARE_HINT}"
-        )
-    if a.kind != "array" or a.shape == b.shape:
-        return a
-    assert a.shape is not None and b.shape is not None
-    if len(a.shape) != len(b.shape):
-        raise SchemaError(
-            f"field {a.name!r}: sample {index} has rank {len(b.shape)} (shape {b.shape}) "
-            f"but earlier "
-            f"samples have rank {len(a.shape)} ({a.describe()}). Arrays of a field must keep their "
-            f"rank; {_DECLARE_HINT}"
-        )
-    shape = tuple(x if x == y else None for x, y in zip(a.shape, b.shape))
-    return Field(a.name, "array", a.dtype, shape)
-
-
-def infer_schema(samples: Sequence[Mapping[str, Any]], first_index: int = 0) -> Schema:
-    """Infer a schema from samples: dims that differ between them become varying (``None``).
-
-    Raises
-    ------
-    SchemaError
-        If a sample has other keys than the first, or a field changes kind, dtype or rank.
-    """
-    if not samples:
-        return Schema(())
-    first = samples[0]
-    fields = {
-        name: field_of(name, value, first_index) for name, value in sample_items(first, first_index)
-    }
-    for offset, sample in enumerate(samples[1:], start=1):
-        index = first_index + offset
-        check_keys(fields, sample, index)
-        for name, value in sample.items():
-            fields[name] = _merge(fields[name], field_of(name, value, index), index)
-    return Schema(tuple(fields.values()))
-
-
-def sample_items(sample: Any, index: int) -> list[tuple[str, Any]]:
-    if not isinstance(sample, Mapping):
-        raise SchemaError(
-            f"sample {index} is a {type(sample).__name__}; expected a dict of field name to value, "
-            "e.g. {'image': array, 'label': 3}."
-        )
-    for name in sample:
-        if not isinstance(name, str):
-            raise SchemaError(f"sample {index}: field names must be str, found {name!r}")
-    return list(sample.items())
-
-
-def check_keys(expected: Mapping[str, Any], sample: Any, index: int) -> None:
-    """Raise SchemaError naming the missing or extra keys of a sample."""
-    items = sample_items(sample, index)
-    if len(items) == len(expected) and all(name in expected for name, _ in items):
-        return
-    missing = sorted(set(expected) - set(sample))
-    extra = sorted(set(sample) - set(expected))
-    raise SchemaError(
-        f"sample {index} does not match the schema: missing fields {missing}, unexpected fields "
-        f"{extra}; expected exactly {sorted(expected)}. Every sample must have the same keys."
-    )
-
-
-def _fast_check(field: Field) -> Callable[[Any], bool]:
-    """A cheap predicate that accepts the common, valid values of a field (no messages)."""
-    if field.kind != "array":
-        scalar = {"int": int, "float": float, "bool": bool, "str": str, "bytes": bytes}[field.kind]
-        if scalar is int:
-            return lambda v: type(v) is int and -(2**63) <= v < 2**63
-        return lambda v: type(v) is scalar
-    dtype, shape = field.np_dtype, field.shape or ()
-    if field.fixed and not shape:  # a numpy scalar (what arr[i] and rng.integers() give)
-        scalar = dtype.type
-        return lambda v: type(v) is scalar or (
-            type(v) is np.ndarray and v.shape == () and v.dtype == dtype
-        )
-    if field.fixed:
-        return lambda v: type(v) is np.ndarray and v.shape == shape and v.dtype == dtype
-    fixed_dims = [(i, d) for i, d in enumerate(shape) if d is not None]
-    rank = len(shape)
-    return lambda v: (
-        type(v) is np.ndarray
-        and v.ndim == rank
-        and v.dtype == dtype
-        and all(v.shape[i] == d for i, d in fixed_dims)
-    )
-
-
-def sample_checker(schema: Schema) -> Callable[[Any, int], Mapping[str, Any]]:
-    """A function ``check(sample, index)`` that raises SchemaError if a sample does not fit, and
-    returns the sample to store: ``sample`` itself, or a copy whose tensors and array-likes are
-    numpy arrays (converted once, here).
-
-    Valid samples take a fast path (one predicate per field, ~1 us per sample); a sample it does
-    not accept has its array-likes converted and is tried again, and anything still refused goes
-    through :func:`check_sample` for a precise message.
-    """
-    checks = {f.name: _fast_check(f) for f in schema.fields}
-    count = len(checks)
-
-    def check(sample: Any, index: int) -> Mapping[str, Any]:
-        if type(sample) is dict and len(sample) == count:
-            try:
-                for name, value in sample.items():  # a loop: cheaper than all() over a genexpr
-                    if not checks[name](value):
-                        break
-                else:
-                    return sample
-            except KeyError:
-                pass
-        converted = convert_sample(sample, index)
-        if converted is not sample:  # holds no array-likes now, so this recurses once at most
-            return check(converted, index)
-        check_sample(schema, sample, index)
-        return sample  # type: ignore[no-any-return]
-
-    return check
-
-
-def check_sample(schema: Schema, sample: Any, index: int) -> None:
-    """Raise SchemaError if ``sample`` does not fit ``schema``."""
-    fields = {f.name: f for f in schema.fields}
-    check_keys(fields, sample, index)
-    for name, value in sample.items():
-        field = fields[name]
-        found = field_of(name, value, index)
-        if found.kind != field.kind or found.dtype != field.dtype:
+def check_names(fields: Sequence[Field], prefix: str = "") -> None:
+    """Raise SchemaError where batches could not tell fields apart: a ``<name>_valid`` mask
+    beside a field of that name, or a name ``<key>.<rest>`` beside a nested dict ``<key>``."""
+    names = [f.name for f in fields]
+    if len(set(names)) != len(names):
+        raise SchemaError(f"field names {names} repeat a name; every field needs its own")
+    for f in fields:
+        if f.masked and f"{f.name}_valid" in names:
             raise SchemaError(
-                f"field {name!r}: sample {index} holds {_describe_value(value)} but the schema "
-                f"says {field.describe()}. Make the type consistent, or {_DECLARE_HINT}"
+                f"field {prefix + f.name!r} may be None, so batches carry its validity mask as "
+                f"{prefix + f.name + '_valid'!r}, a name the samples already use; rename one "
+                "of the two fields."
             )
-        if field.kind == "array":
-            assert field.shape is not None and found.shape is not None
-            if len(found.shape) != len(field.shape):
-                raise SchemaError(
-                    f"field {name!r}: sample {index} has rank {len(found.shape)} (shape "
-                    f"{found.shape}) but the schema says rank {len(field.shape)} "
-                    f"({field.describe()}). "
-                    f"Arrays of a field must keep their rank; {_DECLARE_HINT}"
-                )
-            if any(d is not None and d != e for d, e in zip(field.shape, found.shape)):
-                raise SchemaError(
-                    f"field {name!r}: sample {index} has shape {found.shape} but the schema says "
-                    f"{field.describe()} (inferred from the first block's samples). If this "
-                    f"field's shape varies, declare it: {_DECLARE_HINT} "
-                    "Use None for varying dimensions."
-                )
+        if f.kind != "struct":
+            continue
+        clash = [n for n in names if n.startswith(f"{f.name}.")]
+        if clash:
+            raise SchemaError(
+                f"field {prefix + clash[0]!r} looks like a key of the nested dict "
+                f"{prefix + f.name!r} in batches (which name nested fields by dotted paths); "
+                "rename it."
+            )
+        check_names(f.fields, f"{prefix}{f.name}.")
+
+
+# Inference and checking moved to their own modules; these names stay importable from here.
+_MOVED = {
+    "infer_schema": "inference",
+    "field_of": "inference",
+    "resolve": "inference",
+    "sample_items": "inference",
+    "check_keys": "inference",
+    "sample_checker": "checks",
+    "check_sample": "checks",
+}
+
+
+def __getattr__(name: str) -> Any:
+    module = _MOVED.get(name)
+    if module is None:
+        raise AttributeError(f"module 'snapstore.schema' has no attribute {name!r}")
+    import importlib
+
+    return getattr(importlib.import_module(f"snapstore.{module}"), name)

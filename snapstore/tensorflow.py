@@ -71,7 +71,24 @@ _SCALARS: dict[str, Any] = {
 _SAMPLE_CHUNK = 256
 
 
+# What tf.data cannot carry from the kinds of format version 2, and what to do instead.
+_UNSUPPORTED = {
+    "struct": "is a nested dict, which this tf.data reader does not carry; yield its keys as "
+    "top-level fields",
+    "list": "is a list of str or bytes, which this tf.data reader does not carry; join the "
+    "strings into one",
+}
+
+
 def _tf_dtype(field: Field) -> Any:
+    why = _UNSUPPORTED.get(field.kind)
+    if why is None and field.nullable:
+        why = "may be None, which a tf.data tensor cannot hold; fill missing values in the stage"
+    if why is not None:
+        raise SchemaError(
+            f"field {field.name!r} ({field.describe()}) {why}, or read this snapshot with "
+            "snap.batches() (nested dicts as dicts of columns, None with <name>_valid masks)."
+        )
     if field.kind != "array":
         if field.kind not in _SCALARS:
             raise SchemaError(

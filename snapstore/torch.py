@@ -81,7 +81,8 @@ def to_tensors(sample: Mapping[str, Any]) -> dict[str, Any]:
         Arrays, numpy scalars and Python ``int``/``float``/``bool`` as tensors (without a copy
         for writable arrays); lists of arrays (varying-shape fields) as a :class:`RaggedList`
         (tensors viewing one copy of the arrays, which crosses DataLoader workers as one
-        buffer); ``str``, ``bytes`` and lists of them unchanged.
+        buffer); nested dicts (of batch columns) converted alike; None, ``str``, ``bytes`` and
+        lists of them unchanged.
     """
     out: dict[str, Any] = {}
     for name, value in sample.items():
@@ -91,11 +92,24 @@ def to_tensors(sample: Mapping[str, Any]) -> dict[str, Any]:
             out[name] = torch.from_numpy(np.array(value))
         elif isinstance(value, (bool, int, float)):
             out[name] = torch.tensor(value)
-        elif isinstance(value, list) and value and isinstance(value[0], np.ndarray):
-            out[name] = arrays_to_list(value)
+        elif isinstance(value, dict):  # a nested dict's batch columns
+            out[name] = to_tensors(value)
+        elif isinstance(value, list) and value:
+            out[name] = _list_value(value)
         else:
             out[name] = value
     return out
+
+
+def _list_value(value: list[Any]) -> Any:
+    """A batch's list: arrays as a :class:`RaggedList`; arrays among None (the null rows of a
+    nullable varying-shape field) as tensors and None; anything else (str, bytes) unchanged."""
+    arrays = [a for a in value if a is not None]
+    if not arrays or not isinstance(arrays[0], np.ndarray):
+        return value
+    if len(arrays) == len(value):
+        return arrays_to_list(value)
+    return [None if a is None else _tensor(a) for a in value]
 
 
 def _handle(snapshot_or_fingerprint: Snapshot | str, root: Any) -> SnapshotHandle:

@@ -31,6 +31,7 @@ import pyarrow as pa
 
 from . import format as fmt
 from .arraylike import convert_sample
+from .checks import sample_checker
 from .columns import (
     batch_from_columns,
     conform_columns,
@@ -39,8 +40,9 @@ from .columns import (
     row_sizes,
     to_record_batch,
 )
-from .schema import Schema, check_keys, infer_schema, sample_checker, sample_items
-from .schema import _merge as merge_fields
+from .inference import _merge as merge_fields
+from .inference import check_keys, infer_schema, resolve, sample_items
+from .schema import Schema
 from .store import Store
 
 __all__ = ["Columns", "ProgressCallback", "SnapshotWriter", "WriteOptions"]
@@ -199,10 +201,17 @@ def _slice(cols: Mapping[str, Any], start: int, stop: int) -> dict[str, Any]:
 def _sample_nbytes(sample: Mapping[str, Any]) -> int:
     total = 0
     for value in sample.values():
-        if isinstance(value, np.ndarray):
+        kind = type(value)  # exact types first: this runs for every sample
+        if kind is np.ndarray:
             total += value.nbytes
-        elif isinstance(value, (str, bytes)):
+        elif kind is str or kind is bytes:
             total += len(value) + 8
+        elif kind is dict:
+            total += _sample_nbytes(value)
+        elif kind is list or kind is tuple:
+            total += 8 * len(value) + 8
+        elif isinstance(value, np.ndarray):
+            total += value.nbytes
         else:
             total += 8
     return total
@@ -413,7 +422,7 @@ class SnapshotWriter:
         fields: dict[str, Any] = {}
         for first, piece in pieces:
             if isinstance(piece, list):
-                found = infer_schema(piece, first)
+                found = infer_schema(piece, first, resolved=False)
             else:
                 found = infer_columns(piece, first)
             if not fields:
@@ -422,7 +431,7 @@ class SnapshotWriter:
             check_keys(fields, {f.name: f for f in found.fields}, first)
             for f in found.fields:
                 fields[f.name] = merge_fields(fields[f.name], f, first)
-        return Schema(tuple(fields.values()))
+        return resolve(Schema(tuple(fields.values())), pieces[0][0], self._buffer_rows)
 
     def _flush_block(self) -> None:
         if not self._buffer_rows:
@@ -432,8 +441,16 @@ class SnapshotWriter:
             pieces.append((self._count - len(self._buffer), self._buffer))
         if self.schema is None:
             self.schema = self._infer(pieces)
+            # Inference accepted these rows one by one; the schema it settled on is checked too
+            # (a list of int in a field that widened to float64 must hold exactly there).
+            self._check = check = sample_checker(self.schema)
             pieces = [
-                (first, p if isinstance(p, list) else conform_columns(self.schema, p, first))
+                (
+                    first,
+                    [check(row, first + i) for i, row in enumerate(p)]
+                    if isinstance(p, list)
+                    else conform_columns(self.schema, p, first),
+                )
                 for first, p in pieces
             ]
         self._pieces, self._buffer, self._buffer_bytes, self._buffer_rows = [], [], 0, 0

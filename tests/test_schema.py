@@ -72,9 +72,15 @@ def test_varying_shapes_in_first_block_are_inferred() -> None:
 @pytest.mark.parametrize(
     ("value", "words"),
     [
-        ({"nested": 1}, ["dict", "Flatten nested dicts"]),
-        (None, ["NoneType"]),
-        ([1, 2], ["list"]),
+        ({1: 2}, ["nested dict", "str keys"]),
+        ({}, ["nested dict needs at least one key"]),
+        (None, ["None in every sample of the first block", "'bad': <type> | None"]),
+        ([[1, 2], [3]], ["nested lists", "numpy array"]),
+        ([1, None], ["holds None"]),
+        ([1, "a"], ["holds int, str", "only int"]),
+        ([True, 1], ["holds bool, int"]),
+        ([2**64], ["does not fit in 64 bits"]),
+        ([0.5, 2**60], ["beyond 2**53"]),
         (object(), ["object"]),
         (np.array(["a", "b"]), ["<U1", "not supported"]),
         (np.array([1, None], dtype=object), ["object", "not supported"]),

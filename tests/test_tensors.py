@@ -332,8 +332,8 @@ def test_sparse_tensor_is_refused(tmp_path: Path) -> None:
 def test_unsupported_types_still_refused(tmp_path: Path) -> None:
     with pytest.raises(SchemaError, match=r"values of type object are not supported.*tensor"):
         materialize(tmp_path, [{"x": object()}])
-    later = [{"x": torch.zeros(2)}] * 100 + [{"x": {"nested": 1}}]
-    with pytest.raises(SchemaError, match=r"sample 100, field 'x': values of type dict"):
+    later = [{"x": torch.zeros(2)}] * 100 + [{"x": object()}]
+    with pytest.raises(SchemaError, match=r"sample 100, field 'x': values of type object"):
         materialize(tmp_path, later)
     with pytest.raises(SchemaError, match=r"batch column 'x' is a object"):
         materialize(tmp_path, [snapstore.Columns({"x": object()})])
