@@ -106,3 +106,12 @@ def test_bench_write_smoke() -> None:
         assert workload in rows and "refused" not in rows[workload], out.stdout
     assert float(rows["tok-np"][8].rstrip("x")) > 2  # the tokens compress
     assert float(rows["img-np"][9]) > 0  # a validation figure per workload
+
+
+def test_bench_validate_smoke() -> None:
+    script = BENCH.parent / "bench_validate.py"
+    cmd = [sys.executable, str(script), "--samples", "300", "--repeat", "1"]
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stderr
+    lines = out.stdout.splitlines()[1:]
+    assert len(lines) == 16 and all(float(line.split()[-1]) > 0 for line in lines), out.stdout
