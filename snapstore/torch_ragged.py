@@ -222,6 +222,9 @@ def from_packed(batch: dict[str, Any], schema: Schema, form: str) -> dict[str, A
     if form not in ("list", "nested"):
         return batch
     for field in schema.fields:
+        if field.kind == "struct":  # a nested dict's columns: its varying fields too
+            from_packed(batch[field.name], Schema(field.fields), form)
+            continue
         if field.kind != "array" or field.fixed:
             continue
         name = field.name

@@ -436,6 +436,21 @@ def test_torch_tensors_of_nested_and_nullable_batches(tmp_path: Any) -> None:
     assert tensors["m"]["v"][1] is None and tensors["m"]["v"][2].tolist() == [2]
 
 
+def test_torch_dataset_forms_reach_nested_fields(tmp_path: Any) -> None:
+    torch_module = pytest.importorskip("snapstore.torch")
+    samples = [{"m": {"t": list(range(i % 3))}, "v": None if i == 1 else [i]} for i in range(4)]
+    roundtrip(tmp_path, samples)
+    snap = snapstore.open("fp", root=str(tmp_path / "rows"))
+    for form in ("list", "nested"):
+        dataset = torch_module.SnapshotIterableDataset(
+            snap, batch_size=4, shuffle=False, ragged=form
+        )
+        batch = next(iter(dataset))
+        assert [t.tolist() for t in batch["m"]["t"]] == [[], [0], [0, 1], []]
+        assert batch["v_valid"].tolist() == [True, False, True, True]
+        assert [t.tolist() for t in batch["v"]] == [[0], [], [2], [3]]
+
+
 def test_grain_read_batch_nests(tmp_path: Any) -> None:
     grain = pytest.importorskip("snapstore.grain")
     samples = [{"m": {"a": i}, "n": None if i else 1.5} for i in range(4)]
