@@ -30,7 +30,7 @@ import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, TypeVar
+from typing import Any, NamedTuple, TypeVar
 
 import fsspec
 from fsspec.spec import AbstractBufferedFile
@@ -38,7 +38,7 @@ from fsspec.utils import stringify_path
 
 from .store import FsspecStore, LocalStore, Store, open_store
 
-__all__ = ["LatencyFileSystem", "simulated_store"]
+__all__ = ["LatencyFileSystem", "Request", "round_trips", "simulated_store"]
 
 T = TypeVar("T")
 
@@ -76,6 +76,48 @@ def _sleep_until(deadline: float) -> None:
         time.sleep(remaining)
 
 
+class Request(NamedTuple):
+    """One request in a :class:`LatencyFileSystem`'s ``trace``: the filesystem method, the
+    target's path, whether it read a byte range, and when it was served (``time.perf_counter``
+    seconds, queueing for a connection excluded)."""
+
+    name: str
+    path: str
+    ranged: bool
+    start: float
+    end: float
+
+
+def round_trips(trace: list[Request], until: Callable[[Request], bool] | None = None) -> int:
+    """How many round trips ``trace`` took one after another: the number of groups of
+    overlapping requests (requests served in parallel are one round trip).
+
+    Parameters
+    ----------
+    trace : list of Request
+        A :class:`LatencyFileSystem`'s ``trace``.
+    until : callable, optional
+        Count only requests that started before the first one for which ``until(request)`` is
+        true (e.g. ``lambda r: r.ranged``: the cold start before the first block is read).
+
+    Examples
+    --------
+    >>> store = simulated_store("/data/snaps", ttfb=0.05, record=True)        # doctest: +SKIP
+    >>> next(iter(snapstore.open(fp, root=store).batches(256)))               # doctest: +SKIP
+    >>> round_trips(store.fs.trace, until=lambda r: r.ranged)                 # doctest: +SKIP
+    """
+    requests = sorted(trace, key=lambda r: r.start)
+    stop = next((r.start for r in requests if until is not None and until(r)), math.inf)
+    count, frontier = 0, -math.inf
+    for r in requests:
+        if r.start >= stop:
+            break
+        if r.start >= frontier:
+            count += 1
+        frontier = max(frontier, r.end)
+    return count
+
+
 class _LatencyFile(AbstractBufferedFile):  # type: ignore[misc]
     """A file opened for reading: each cache miss is one ranged request, as with gcsfs or s3fs."""
 
@@ -102,6 +144,9 @@ class LatencyFileSystem(fsspec.AbstractFileSystem):  # type: ignore[misc]
     max_requests : int, optional
         How many requests are served at once (an HTTP connection pool); the rest queue.
         None for no limit.
+    record : bool
+        Keep a :class:`Request` per request in ``trace`` (for :func:`round_trips`); off by
+        default, since a long read makes millions of them.
     **storage_options
         Passed to ``fsspec.AbstractFileSystem``.
 
@@ -113,6 +158,8 @@ class LatencyFileSystem(fsspec.AbstractFileSystem):  # type: ignore[misc]
         Bytes returned by read requests.
     max_concurrent : int
         The most requests served at the same time.
+    trace : list of Request or None
+        The requests served, in the order they ended, with ``record=True``; None otherwise.
 
     Raises
     ------
@@ -138,6 +185,7 @@ class LatencyFileSystem(fsspec.AbstractFileSystem):  # type: ignore[misc]
         ttfb: float = 0.05,
         bandwidth: float | None = None,
         max_requests: int | None = None,
+        record: bool = False,
         **storage_options: Any,
     ) -> None:
         _check_settings(ttfb, bandwidth, max_requests)
@@ -156,6 +204,7 @@ class LatencyFileSystem(fsspec.AbstractFileSystem):  # type: ignore[misc]
         )
         self._lock = threading.Lock()
         self._active = 0
+        self.trace: list[Request] | None = [] if record else None
         self.reset_counters()
 
     def __repr__(self) -> str:
@@ -166,8 +215,11 @@ class LatencyFileSystem(fsspec.AbstractFileSystem):  # type: ignore[misc]
         )
 
     def reset_counters(self) -> None:
-        """Set ``requests``, ``bytes_read`` and ``max_concurrent`` to zero."""
+        """Set ``requests``, ``bytes_read`` and ``max_concurrent`` to zero (and empty
+        ``trace``)."""
         with self._lock:
+            if self.trace is not None:
+                self.trace = []
             self.requests = 0
             self.bytes_read = 0
             self.max_concurrent = self._active
@@ -184,7 +236,9 @@ class LatencyFileSystem(fsspec.AbstractFileSystem):  # type: ignore[misc]
 
     # -- the cost of a request -------------------------------------------------------------
 
-    def _serve(self, call: Callable[[], T], size: Callable[[T], int]) -> T:
+    def _serve(
+        self, call: Callable[[], T], size: Callable[[T], int], name: str, path: Any, ranged: bool
+    ) -> T:
         with self._slots:
             with self._lock:
                 self.requests += 1
@@ -203,12 +257,16 @@ class LatencyFileSystem(fsspec.AbstractFileSystem):  # type: ignore[misc]
             finally:
                 with self._lock:
                     self._active -= 1
+                    if self.trace is not None:
+                        self.trace.append(
+                            Request(name, str(path), ranged, start, time.perf_counter())
+                        )
 
-    def _request(self, call: Callable[[], T], *, sent: int = 0) -> T:
-        return self._serve(call, lambda _: sent)
+    def _request(self, call: Callable[[], T], name: str, path: Any, *, sent: int = 0) -> T:
+        return self._serve(call, lambda _: sent, name, path, False)
 
-    def _read(self, call: Callable[[], bytes]) -> bytes:
-        data = self._serve(call, len)
+    def _read(self, call: Callable[[], bytes], path: str, ranged: bool) -> bytes:
+        data = self._serve(call, len, "cat_file", path, ranged)
         with self._lock:
             self.bytes_read += len(data)
         return data
@@ -216,7 +274,9 @@ class LatencyFileSystem(fsspec.AbstractFileSystem):  # type: ignore[misc]
     def _forward(self, method: str, path: Any, *args: Any, sent: int = 0, **kwargs: Any) -> Any:
         """One request: the target's ``method`` on the target's path."""
         target = self._strip_protocol(path)
-        return self._request(lambda: getattr(self.fs, method)(target, *args, **kwargs), sent=sent)
+        return self._request(
+            lambda: getattr(self.fs, method)(target, *args, **kwargs), method, target, sent=sent
+        )
 
     # -- reads -----------------------------------------------------------------------------
 
@@ -225,7 +285,11 @@ class LatencyFileSystem(fsspec.AbstractFileSystem):  # type: ignore[misc]
     ) -> bytes:
         """One request for the bytes ``[start:end)`` (negative: from the end), as slices."""
         target = self._strip_protocol(path)
-        return self._read(lambda: self.fs.cat_file(target, start=start, end=end, **kwargs))
+        return self._read(
+            lambda: self.fs.cat_file(target, start=start, end=end, **kwargs),
+            target,
+            start is not None or end is not None,
+        )
 
     def cat_ranges(
         self,
@@ -276,9 +340,8 @@ class LatencyFileSystem(fsspec.AbstractFileSystem):  # type: ignore[misc]
             return _LatencyFile(
                 self, path, mode, block_size, autocommit, cache_options=cache_options, **kwargs
             )
-        return self._request(
-            lambda: self.fs.open(path, mode, block_size=block_size, autocommit=autocommit, **kwargs)
-        )
+        options = dict(kwargs, block_size=block_size, autocommit=autocommit)
+        return self._request(lambda: self.fs.open(path, mode, **options), f"open({mode})", path)
 
     def info(self, path: str, **kwargs: Any) -> dict[str, Any]:
         """One request: the target's ``info``."""
@@ -345,6 +408,7 @@ def simulated_store(
     ttfb: float = 0.05,
     bandwidth: float | None = None,
     max_requests: int | None = None,
+    record: bool = False,
 ) -> FsspecStore:
     """A store over ``root`` whose every request waits like a remote bucket's.
 
@@ -353,7 +417,7 @@ def simulated_store(
     root : str, PathLike or Store
         A local directory, an fsspec URL (``memory://snaps``, ``gs://bucket/snaps``), or a
         :class:`LocalStore` or :class:`FsspecStore`.
-    ttfb, bandwidth, max_requests
+    ttfb, bandwidth, max_requests, record
         As for :class:`LatencyFileSystem`.
 
     Returns
@@ -387,7 +451,9 @@ def simulated_store(
             f"simulated_store wraps a LocalStore or an FsspecStore, got a "
             f"{type(inner).__name__}; pass its root path or URL instead"
         )
-    fs = LatencyFileSystem(target, ttfb=ttfb, bandwidth=bandwidth, max_requests=max_requests)
+    fs = LatencyFileSystem(
+        target, ttfb=ttfb, bandwidth=bandwidth, max_requests=max_requests, record=record
+    )
     store = FsspecStore(fs, path)
     store.url = f"latency://{inner.url}"
     return store

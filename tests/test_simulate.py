@@ -17,7 +17,7 @@ import pytest
 
 import snapstore
 from snapstore.errors import SnapshotNotFoundError
-from snapstore.simulate import LatencyFileSystem, simulated_store
+from snapstore.simulate import LatencyFileSystem, Request, round_trips, simulated_store
 from snapstore.store import FsspecStore, LocalStore, Store
 
 DATA = bytes(range(256)) * 40  # 10,240 bytes
@@ -273,3 +273,32 @@ def test_snapshot_writes_through_the_simulation() -> None:
     snap = snapstore.snapshot(stage, root=store)(50).materialize()
     assert snap.committed and store.fs.requests > 0
     assert [s["x"] for s in snapstore.open(snap.fingerprint, root=store)] == list(range(50))
+
+
+def test_cold_start_round_trips_before_the_first_block(tmp_path: Path) -> None:
+    """open() and the first batch from a bucket: the round trips made one after another before
+    the first byte-range read of a block (issue 14)."""
+
+    def stage(n: int) -> Iterator[dict[str, Any]]:
+        yield from ({"x": i} for i in range(n))
+
+    fp = snapstore.snapshot(stage, root=str(tmp_path))(100).materialize().fingerprint
+    store = simulated_store(tmp_path, ttfb=0.02, record=True)
+    with snapstore.open(fp, root=store) as snap:
+        next(iter(snap.batches(16, shuffle=True)))
+    assert store.fs.trace is not None
+    trace = sorted(store.fs.trace, key=lambda r: r.start)
+    calls = [(r.name, r.path.rsplit("/", 1)[-1]) for r in trace]
+    # info, cat COMMIT, cat manifest (open); info COMMIT, pin, read marker, cat COMMIT, cat
+    # manifest, cat index (batches). makedirs of the pins directory is free in the simulation.
+    assert round_trips(trace, until=lambda r: r.ranged) == 9, calls
+
+
+def test_round_trips_count_overlapping_requests_once() -> None:
+    def request(start: float, end: float, ranged: bool = False) -> Request:
+        return Request("cat_file", "p", ranged, start, end)
+
+    trace = [request(0, 1), request(1, 2), request(1.5, 3), request(2.5, 4), request(5, 6, True)]
+    assert round_trips(trace) == 3
+    assert round_trips(trace, until=lambda r: r.ranged) == 2
+    assert round_trips([]) == 0
