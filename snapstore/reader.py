@@ -16,6 +16,7 @@ import contextlib
 import os
 import threading
 from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -28,13 +29,45 @@ from .prefetch import Fetch, Prefetcher
 from .schema import Schema
 from .store import Store
 
-__all__ = ["SnapshotReader", "load_manifest"]
+__all__ = ["SnapshotMetadata", "SnapshotReader", "load_manifest", "read_metadata", "read_record"]
 
 # Decoded blocks kept for random access; 8 x 1 MiB blocks by default.
 _RANDOM_ACCESS_CACHE_BLOCKS = 8
 # Requests in flight at most against a remote store: by Little's law, 128 requests of 256 KiB
 # blocks at 50 ms each move about 650 MB/s, more than two cores decode.
 _MAX_REMOTE_REQUESTS = 128
+
+
+@dataclass(frozen=True)
+class SnapshotMetadata:
+    """What opening a committed snapshot reads before its first block, read once per handle.
+
+    ``record`` is the commit record's bytes (a reader that pins compares a fresh read with them);
+    ``manifest`` is validated against the record; ``index`` is the block index's bytes when
+    they were fetched along with the manifest (a :class:`SnapshotReader` checks them against
+    the manifest), None when the reader is to read it.
+    """
+
+    record: bytes
+    manifest: dict[str, Any]
+    index: bytes | None = None
+
+
+def read_record(store: Store, fingerprint: str) -> bytes:
+    """The bytes of ``fingerprint``'s commit record: one request.
+
+    Raises
+    ------
+    SnapshotNotFoundError
+        If no commit record exists for ``fingerprint``.
+    """
+    try:
+        return store.read_bytes(f"{fingerprint}/{fmt.COMMIT_NAME}")
+    except FileNotFoundError as exc:
+        raise SnapshotNotFoundError(
+            f"no committed snapshot {fingerprint} under {store.url}; run the stage (or "
+            "snap.materialize()) to create it, or check the root with `snapstore ls`."
+        ) from exc
 
 
 def load_manifest(store: Store, fingerprint: str) -> dict[str, Any]:
@@ -47,19 +80,32 @@ def load_manifest(store: Store, fingerprint: str) -> dict[str, Any]:
     FormatError
         If the record or manifest is corrupt, foreign or of another format version.
     """
+    return read_metadata(store, fingerprint).manifest
+
+
+def read_metadata(store: Store, fingerprint: str, record: bytes | None = None) -> SnapshotMetadata:
+    """The commit record (``record``, if already read) and the manifest validated against it.
+
+    Raises
+    ------
+    SnapshotNotFoundError
+        If no commit record exists for ``fingerprint``.
+    FormatError
+        If the record or manifest is corrupt, foreign or of another format version.
+    """
+    record = read_record(store, fingerprint) if record is None else record
     where = store.join(f"{fingerprint}/{fmt.COMMIT_NAME}")
-    try:
-        record = fmt.CommitRecord.from_bytes(
-            store.read_bytes(f"{fingerprint}/{fmt.COMMIT_NAME}"), where
-        )
-    except FileNotFoundError as exc:
-        raise SnapshotNotFoundError(
-            f"no committed snapshot {fingerprint} under {store.url}; run the stage (or "
-            "snap.materialize()) to create it, or check the root with `snapstore ls`."
-        ) from exc
-    if record.fingerprint != fingerprint:
-        raise FormatError(f"{where} belongs to fingerprint {record.fingerprint}, not {fingerprint}")
-    path = f"{fingerprint}/runs/{record.run}/{fmt.MANIFEST_NAME}"
+    commit = fmt.CommitRecord.from_bytes(record, where)
+    if commit.fingerprint != fingerprint:
+        raise FormatError(f"{where} belongs to fingerprint {commit.fingerprint}, not {fingerprint}")
+    run_dir = f"{fingerprint}/runs/{commit.run}"
+    return SnapshotMetadata(record, _read_manifest(store, commit, where, run_dir))
+
+
+def _read_manifest(
+    store: Store, record: fmt.CommitRecord, where: str, run_dir: str
+) -> dict[str, Any]:
+    path = f"{run_dir}/{fmt.MANIFEST_NAME}"
     try:
         data = store.read_bytes(path)
     except FileNotFoundError as exc:
@@ -70,7 +116,7 @@ def load_manifest(store: Store, fingerprint: str) -> dict[str, Any]:
         )
     manifest = fmt.load_json(data, store.join(path))
     fmt.check_version(manifest, store.join(path))
-    if manifest.get("fingerprint") != fingerprint or manifest.get("run") != record.run:
+    if manifest.get("fingerprint") != record.fingerprint or manifest.get("run") != record.run:
         raise FormatError(f"manifest {store.join(path)} belongs to another snapshot or run")
     return manifest
 
@@ -87,15 +133,26 @@ class SnapshotReader:
     decode_threads : int, optional
         Threads that verify and decompress blocks ahead of the consumer; default: the number
         of CPUs, at most 4.
+    metadata : SnapshotMetadata, optional
+        The commit record, manifest and index already read (:func:`read_metadata`); default:
+        read them now.
     """
 
     def __init__(
-        self, store: Store, fingerprint: str, *, decode_threads: int | None = None
+        self,
+        store: Store,
+        fingerprint: str,
+        *,
+        decode_threads: int | None = None,
+        metadata: SnapshotMetadata | None = None,
     ) -> None:
         self.store = store
         self.decode_threads = decode_threads or min(4, os.cpu_count() or 1)
         self.fingerprint = fingerprint
-        self.manifest = load_manifest(store, fingerprint)
+        if metadata is None:
+            metadata = read_metadata(store, fingerprint)
+        self.manifest = metadata.manifest
+        self._index_data = metadata.index
         try:
             self._open_index()
         except (KeyError, TypeError, ValueError, AttributeError) as exc:
@@ -138,7 +195,9 @@ class SnapshotReader:
         meta = self.manifest["index"]
         name = fmt.check_name(meta.get("path"), "index")
         where = self.store.join(f"{self.run_dir}/{name}")
-        data = self.store.read_bytes(f"{self.run_dir}/{name}")
+        data, self._index_data = self._index_data, None
+        if data is None or name != fmt.INDEX_NAME:
+            data = self.store.read_bytes(f"{self.run_dir}/{name}")
         if len(data) != meta.get("size") or fmt.checksum(data) != meta.get("crc32"):
             raise FormatError(
                 f"block index {where} does not match its manifest entry; it is corrupt"

@@ -8,6 +8,7 @@ unless one with that fingerprint is already committed.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import inspect
 import logging
@@ -37,7 +38,7 @@ from .parallel import PartitionJob, compute_partitions
 from .partitions import PARTS_DIR, commit_partitions, partition_dir
 from .plan import PlanOptions
 from .progress import ProgressArg, Reporter, holder_text, open_reporter, tee
-from .reader import SnapshotReader, load_manifest
+from .reader import SnapshotMetadata, SnapshotReader, load_manifest, read_metadata, read_record
 from .roots import root_missing
 from .schema import Schema
 from .store import LocalStore, Store, open_store
@@ -92,6 +93,9 @@ class Snapshot:
         self._reader: SnapshotReader | None = None
         self._batch_readers: weakref.WeakSet[BatchReader] = weakref.WeakSet()
         self._pin: pins.Pin | None = None
+        # What open() read (commit record, manifest, index): the first read confirms the
+        # record is unchanged once pinned, and reuses the rest instead of reading it again.
+        self._metadata: SnapshotMetadata | None = None
         self._hit_logged = False
         self.miss_explanation: dict[str, Any] | None = None
         """Set when materializing found no snapshot (and computed it, or waited for the job that
@@ -163,10 +167,25 @@ class Snapshot:
 
     def _open(self) -> SnapshotReader:
         if self._reader is None:
-            self.materialize()
+            known = self._metadata
+            if known is None:
+                self.materialize()
+            elif not self._hit_logged:
+                self._hit_logged = True
+                _log_found(self, manifest=known.manifest)
             # Pin before reading the commit record: cleaning never removes it under us.
             self._pin = self._pin or pins.pin(self.store, self.fingerprint)
-            self._reader = SnapshotReader(self.store, self.fingerprint)
+            try:
+                record = read_record(self.store, self.fingerprint)
+                if known is None or record != known.record:  # committed again since open()
+                    known = read_metadata(self.store, self.fingerprint, record)
+                self._reader = SnapshotReader(self.store, self.fingerprint, metadata=known)
+            except BaseException:
+                if self._pin is not None:  # removed meanwhile, or broken: leave no pin behind
+                    self._pin.release()
+                    self._pin = None
+                raise
+            self._metadata = None  # the index bytes: read again (and confirmed) if reopened
         return self._reader
 
     @property
@@ -300,13 +319,13 @@ class Snapshot:
         self.close()
 
 
-def _log_found(snap: Snapshot, how: str = "") -> None:
-    """One INFO line for a cache hit, ``how`` appended (the manifest is read only when INFO is
-    logged)."""
+def _log_found(snap: Snapshot, how: str = "", manifest: dict[str, Any] | None = None) -> None:
+    """One INFO line for a cache hit, ``how`` appended (the manifest is read, unless given,
+    only when INFO is logged)."""
     if not log.isEnabledFor(logging.INFO):
         return
     try:
-        manifest = load_manifest(snap.store, snap.fingerprint)
+        manifest = manifest or load_manifest(snap.store, snap.fingerprint)
     except (SnapstoreError, OSError):  # reading it says what is wrong; a log line need not
         log.debug("snapstore: cannot read the manifest of %s", snap.fingerprint, exc_info=True)
         return
@@ -775,6 +794,12 @@ def open(fingerprint: str, root: Root = None, **storage_options: Any) -> Snapsho
         If no committed snapshot matches.
     """
     store = open_store(root, **storage_options)
-    full = resolve_fingerprint(store, fingerprint)
-    load_manifest(store, full)  # validate now, so a broken snapshot fails here
-    return Snapshot(store, full)
+    record = None
+    if fmt.is_plain_name(fingerprint):  # a full fingerprint: its record, in one request
+        with contextlib.suppress(SnapshotNotFoundError):
+            record = read_record(store, fingerprint)
+    full = fingerprint if record is not None else resolve_fingerprint(store, fingerprint)
+    snap = Snapshot(store, full)
+    # Validated now, so a broken snapshot fails here; the first read reuses it.
+    snap._metadata = read_metadata(store, full, record)
+    return snap

@@ -13,12 +13,14 @@ import numpy as np
 import pytest
 
 import snapstore
+from snapstore.catalog import remove_snapshot
 from snapstore.errors import (
     AmbiguousFingerprintError,
     FingerprintError,
     SnapshotNotFoundError,
     StageError,
 )
+from snapstore.store import LocalStore
 
 CALLS: list[tuple] = []
 
@@ -155,3 +157,25 @@ def test_same_call_same_fingerprint_in_fresh_processes(tmp_path: Path) -> None:
         )
         results.append(out.stdout.strip())
     assert results[0] == results[1] and len(results[0]) == 32
+
+
+def test_open_reads_once_and_the_first_read_confirms_the_commit(tmp_path: Path) -> None:
+    """open() reads the commit record, manifest and index; the first read pins, then reads the
+    record again: the same record reuses them, another one (removed and committed again since)
+    is read afresh, and none is a cache miss."""
+    stage = snapstore.snapshot(squares.__wrapped__, root=str(tmp_path))
+    fp = stage(6).materialize().fingerprint
+    same = snapstore.open(fp, root=str(tmp_path))
+    changed = snapstore.open(fp, root=str(tmp_path))
+    removed = snapstore.open(fp, root=str(tmp_path))
+    assert len(same) == 6
+    old_run = changed._metadata.manifest["run"] if changed._metadata else None
+    remove_snapshot(LocalStore(tmp_path), fp, respect_pins=False)
+    with pytest.raises(SnapshotNotFoundError, match="no committed snapshot"):
+        len(removed)
+    assert not list(tmp_path.glob(f"{fp}/pins/pin-*"))  # its pin was released
+    stage(6).materialize()  # committed again, by another run
+    assert [s["x"] for s in changed] == [i * i for i in range(6)]
+    assert changed.manifest["run"] != old_run
+    for snap in (same, changed, removed):
+        snap.close()
