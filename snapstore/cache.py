@@ -551,6 +551,9 @@ class CachedStore(Store):
         # age out of the cache.
         self.inner.remove_tree(path)
 
+    def remove_empty_dir(self, path: str) -> bool:
+        return self.inner.remove_empty_dir(path)
+
     def close(self) -> None:
         """Trim the cache under its limit if this process wrote to it; close the store."""
         self.cache.trim()
