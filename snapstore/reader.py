@@ -13,9 +13,11 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import logging
 import os
 import threading
 from collections.abc import Iterable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
@@ -23,13 +25,15 @@ import numpy as np
 
 from . import format as fmt
 from .columns import BlockColumns
-from .errors import FormatError, SnapshotNotFoundError
+from .errors import FormatError, SnapshotNotFoundError, SnapstoreError
 from .plan import EpochPlan, PlanOptions
 from .prefetch import Fetch, Prefetcher
 from .schema import Schema
 from .store import Store
 
 __all__ = ["SnapshotMetadata", "SnapshotReader", "load_manifest", "read_metadata", "read_record"]
+
+log = logging.getLogger(__name__)
 
 # Decoded blocks kept for random access; 8 x 1 MiB blocks by default.
 _RANDOM_ACCESS_CACHE_BLOCKS = 8
@@ -80,11 +84,15 @@ def load_manifest(store: Store, fingerprint: str) -> dict[str, Any]:
     FormatError
         If the record or manifest is corrupt, foreign or of another format version.
     """
-    return read_metadata(store, fingerprint).manifest
+    return read_metadata(store, fingerprint, with_index=False).manifest
 
 
-def read_metadata(store: Store, fingerprint: str, record: bytes | None = None) -> SnapshotMetadata:
-    """The commit record (``record``, if already read) and the manifest validated against it.
+def read_metadata(
+    store: Store, fingerprint: str, record: bytes | None = None, *, with_index: bool = True
+) -> SnapshotMetadata:
+    """The commit record (``record``, if already read), the manifest and, from a remote store,
+    the block index: the manifest and the index are fetched in parallel (two round trips in
+    all, one when ``record`` is given), since the index's path follows from the record.
 
     Raises
     ------
@@ -99,7 +107,15 @@ def read_metadata(store: Store, fingerprint: str, record: bytes | None = None) -
     if commit.fingerprint != fingerprint:
         raise FormatError(f"{where} belongs to fingerprint {commit.fingerprint}, not {fingerprint}")
     run_dir = f"{fingerprint}/runs/{commit.run}"
-    return SnapshotMetadata(record, _read_manifest(store, commit, where, run_dir))
+    if not with_index or store.local:  # a local index read costs no round trip
+        return SnapshotMetadata(record, _read_manifest(store, commit, where, run_dir))
+    # The writer names the index INDEX_NAME; the reader checks it against the manifest's entry.
+    with ThreadPoolExecutor(1, thread_name_prefix="snapstore-index") as pool:
+        index = pool.submit(_read_if_readable, store, f"{run_dir}/{fmt.INDEX_NAME}")
+        manifest = _read_manifest(store, commit, where, run_dir)
+        data = index.result()
+    named = (manifest.get("index") or {}).get("path") if isinstance(manifest, dict) else None
+    return SnapshotMetadata(record, manifest, data if named == fmt.INDEX_NAME else None)
 
 
 def _read_manifest(
@@ -119,6 +135,15 @@ def _read_manifest(
     if manifest.get("fingerprint") != record.fingerprint or manifest.get("run") != record.run:
         raise FormatError(f"manifest {store.join(path)} belongs to another snapshot or run")
     return manifest
+
+
+def _read_if_readable(store: Store, path: str) -> bytes | None:
+    """A speculative read: None if it fails (the reader reads the file again, and says why)."""
+    try:
+        return store.read_bytes(path)
+    except (OSError, SnapstoreError):
+        log.debug("snapstore: could not read %s ahead", store.join(path), exc_info=True)
+        return None
 
 
 class SnapshotReader:
