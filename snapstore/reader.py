@@ -114,7 +114,8 @@ def read_metadata(
         index = pool.submit(_read_if_readable, store, f"{run_dir}/{fmt.INDEX_NAME}")
         manifest = _read_manifest(store, commit, where, run_dir)
         data = index.result()
-    named = (manifest.get("index") or {}).get("path") if isinstance(manifest, dict) else None
+    entry = manifest.get("index")  # a malformed one: SnapshotReader says so
+    named = entry.get("path") if isinstance(entry, dict) else None
     return SnapshotMetadata(record, manifest, data if named == fmt.INDEX_NAME else None)
 
 
