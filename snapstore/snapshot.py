@@ -307,6 +307,7 @@ class Snapshot:
         if self._reader is not None:
             self._reader.close()
             self._reader = None
+        self._metadata = None  # what open() read, if never used: reading again reads afresh
         if self._pin is not None:
             self._pin.release()
             self._pin = None
