@@ -283,7 +283,7 @@ def test_cold_start_round_trips_before_the_first_block(tmp_path: Path) -> None:
         yield from ({"x": i} for i in range(n))
 
     fp = snapstore.snapshot(stage, root=str(tmp_path))(100).materialize().fingerprint
-    store = simulated_store(tmp_path, ttfb=0.02, record=True)
+    store = simulated_store(tmp_path, ttfb=0.05, record=True)  # wide: parallel reads overlap
     with snapstore.open(fp, root=store) as snap:
         next(iter(snap.batches(16, shuffle=True)))
     assert store.fs.trace is not None
