@@ -33,6 +33,24 @@ _PYARROW_NULLS = frozenset({"int", "float", "bool", "str", "bytes", "list"})
 _PLACEHOLDERS: dict[str, Any] = {"int": 0, "float": 0.0, "bool": False, "str": "", "bytes": b""}
 
 
+def numeric_array(values: np.ndarray[Any, Any]) -> pa.Array:
+    """A 1-D numpy array of a bool, integer or float dtype as an Arrow array over its bytes.
+
+    ``pa.array(ndarray)`` would do the same, but it imports pandas on its first call in a
+    process (~0.3 s, in every engine worker and on the encode threads of a first write).
+    """
+    flat = np.ascontiguousarray(values)
+    if flat.dtype == np.bool_:  # Arrow packs bools into bits, least significant first
+        data = pa.py_buffer(np.packbits(flat.view(np.uint8), bitorder="little"))
+        return pa.Array.from_buffers(pa.bool_(), len(flat), [None, data])
+    return pa.Array.from_buffers(
+        pa.from_numpy_dtype(flat.dtype), len(flat), [None, pa.py_buffer(flat)]
+    )
+
+
+_SCALAR_DTYPES = {"int": np.int64, "float": np.float64, "bool": np.bool_}
+
+
 def placeholder(field: Field) -> Any:
     """The value a null row of ``field`` holds under its validity mask: zeros, an empty array
     of the field's rank, an empty list, or a dict of placeholders (None for nullable keys)."""
@@ -60,6 +78,8 @@ def column_array(field: Field, values: Sequence[Any] | np.ndarray[Any, Any]) -> 
         return _struct_array(field, list(values), mask)
     if field.kind == "array":
         return _array_column(field, values, mask)
+    if field.kind in _SCALAR_DTYPES and mask is None:  # checked: in range, no None left
+        return numeric_array(np.asarray(values, dtype=_SCALAR_DTYPES[field.kind]))
     return pa.array(values, type=field.arrow_type())
 
 
@@ -88,13 +108,15 @@ def _array_column(
         stacked = np.asarray(values, dtype=dtype) if len(values) else np.empty((0, *fixed), storage)
         flat = np.ascontiguousarray(stacked).view(storage).reshape(-1)
         if not shape:
-            return pa.array(flat, mask=mask)
+            return numeric_array(flat) if mask is None else pa.array(flat, mask=mask)
         if math.prod(fixed) == 0:  # Arrow's from_arrays refuses list_size 0
             rows: list[Any] = [[]] * len(values)
             if mask is not None:
                 rows = [None if m else [] for m in mask]
             return pa.array(rows, type=field.arrow_type())
-        return pa.FixedSizeListArray.from_arrays(pa.array(flat), math.prod(fixed), mask=validity)
+        return pa.FixedSizeListArray.from_arrays(
+            numeric_array(flat), math.prod(fixed), mask=validity
+        )
     count = len(values)
     width = 2 if dtype.kind == "c" else 1  # complex is stored as (..., 2) real values
     types = set(map(type, values)) if not isinstance(values, np.ndarray) else {np.ndarray}
@@ -110,12 +132,12 @@ def _array_column(
         flat = np.concatenate(values, axis=None, dtype=dtype) if count else np.empty(0, dtype)
     offsets = np.zeros(count + 1, dtype=np.int64)
     np.cumsum(sizes, out=offsets[1:])
-    flat_values = pa.array(flat.view(storage))
+    flat_values = numeric_array(flat.view(storage))
     if len(shape) == 1:
-        return pa.LargeListArray.from_arrays(pa.array(offsets), flat_values, mask=validity)
-    listed = pa.LargeListArray.from_arrays(pa.array(offsets), flat_values)
+        return pa.LargeListArray.from_arrays(numeric_array(offsets), flat_values, mask=validity)
+    listed = pa.LargeListArray.from_arrays(numeric_array(offsets), flat_values)
     extra = (2,) if width == 2 else ()
     shapes = np.array([(*np.shape(v), *extra) for v in values], dtype=np.int64)
     shapes = shapes.reshape(-1, len(shape))
-    shape_col = pa.FixedSizeListArray.from_arrays(pa.array(shapes.reshape(-1)), len(shape))
+    shape_col = pa.FixedSizeListArray.from_arrays(numeric_array(shapes.reshape(-1)), len(shape))
     return pa.StructArray.from_arrays([listed, shape_col], names=["values", "shape"], mask=validity)
