@@ -2,11 +2,11 @@
 
 A :class:`CodeWalk` starts at the stage and visits, once each, every function and class of the
 *user's* code it reaches, giving each a digest keyed by ``module.qualname`` (the module name as
-imported: ``helpers``, ``pkg.helpers``; code of a script run as ``python prep.py`` or ``python
--m prep`` is named as ``import prep`` would name it, see :func:`module_name`; code with no file
-keeps ``__main__``). Library code is not read: it is named,
-and its distribution and version are recorded. The code part hashes the stage's identity, every
-``key -> digest`` and every ``package -> version``.
+imported: ``helpers``, ``pkg.helpers``; a script run as ``python prep.py`` or ``python -m prep``
+is named as ``import prep`` names it, see :mod:`snapstore.importname`; code with no file keeps
+``__main__``). Library code is not read: it is named, and its distribution and version are
+recorded. The code part hashes the stage's identity, every ``key -> digest`` and every
+``package -> version``.
 
 A function's identity covers:
 
@@ -77,11 +77,12 @@ from typing import TYPE_CHECKING, Any, Protocol
 import numpy as np
 
 from .errors import FingerprintError
+from .importname import module_name, spellings
 
 if TYPE_CHECKING:
     from .fingerprint import _Hasher
 
-__all__ = ["CodeWalk", "module_name"]
+__all__ = ["CodeWalk"]
 
 log = logging.getLogger(__name__)
 
@@ -148,59 +149,6 @@ def _frame(h: _Sink, tag: bytes, payload: Buffer = b"") -> None:
     """Feed one self-delimiting item: tag length, tag, payload length, payload."""
     h.update(len(tag).to_bytes(1, "big") + tag + len(payload).to_bytes(8, "big"))
     h.update(payload)
-
-
-_MAIN_NAMES = ("__main__", "__mp_main__")  # a script; in a spawned multiprocessing child
-
-
-def module_name(module: str, namespace: dict[str, Any] | None = None) -> str:
-    """The name a module has when imported: a script's ``__main__`` becomes that name.
-
-    ``python prep.py`` and ``python -m prep`` run ``prep`` as ``__main__`` (and a spawned
-    multiprocessing child runs it again as ``__mp_main__``), while ``import prep`` names it
-    ``prep``. Code is identified by the imported name so that the three agree. With
-    ``python -m`` the name comes from ``__main__.__spec__``; for a file run as a script it is
-    the file's stem, preceded by the names of the enclosing directories that are packages
-    (have an ``__init__.py``): ``python pkg/prep.py`` is ``pkg.prep``. Code with no file (an
-    interactive prompt, a notebook, ``python -c``) keeps ``__main__``, and so does code run by
-    ``exec`` in a namespace of its own (``namespace``, a function's globals, is not the main
-    module's).
-    """
-    if module not in _MAIN_NAMES:
-        return module
-    main = sys.modules.get(module) or sys.modules.get("__main__")
-    if namespace is not None and getattr(main, "__dict__", None) is not namespace:
-        return module
-    spec = getattr(main, "__spec__", None)
-    spec_name = getattr(spec, "name", None)
-    if isinstance(spec_name, str) and spec_name not in _MAIN_NAMES:
-        return spec_name
-    file = getattr(main, "__file__", None)
-    return (_script_module(file) if isinstance(file, str) else None) or module
-
-
-@functools.lru_cache(maxsize=64)
-def _script_module(file: str) -> str | None:
-    """``pkg.prep`` for ``.../pkg/prep.py`` where ``pkg`` has an ``__init__.py``."""
-    path = os.path.realpath(os.path.abspath(file))
-    directory, base = os.path.split(path)
-    stem, ext = os.path.splitext(base)
-    if ext != ".py" or not stem.isidentifier():
-        return None  # not importable under any name: keep __main__
-    parts = [stem] if stem != "__init__" else []
-    while os.path.isfile(os.path.join(directory, "__init__.py")):
-        directory, package = os.path.split(directory)
-        if not package.isidentifier():
-            break
-        parts.insert(0, package)
-    return ".".join(parts) or None
-
-
-def _qualified(module: Any, name: str) -> set[str]:
-    """``module.name`` as ``ignore_globals`` may spell it: as imported, or as ``__main__``."""
-    if not isinstance(module, str):
-        return {f"{module}.{name}"}
-    return {f"{module}.{name}", f"{module_name(module)}.{name}"}
 
 
 def _qualname(obj: Any) -> str:
@@ -715,7 +663,7 @@ class CodeWalk:
         for i in range(len(chain)):
             dotted = ".".join(chain[: i + 1])
             if dotted not in entries:
-                names = {dotted, *_qualified(namespace.get("__name__"), chain[i])}
+                names = {dotted, *spellings(namespace.get("__name__"), chain[i])}
                 keys: set[tuple[Any, ...]] = {("bind", id(namespace), chain[i])}
                 if isinstance(obj, _MUTABLE):
                     keys.add(("obj", id(obj)))
@@ -789,7 +737,7 @@ class CodeWalk:
     def _class(self, h: _Sink, cls: type, item: _Item) -> None:
         self._value(h, [cls.__bases__, type(cls)], f"the bases of {item.key}", set())
         qualified = {f"{cls.__qualname__}.{{}}"}
-        qualified.update(f"{n}.{{}}" for n in _qualified(cls.__module__, cls.__qualname__))
+        qualified.update(f"{n}.{{}}" for n in spellings(cls.__module__, cls.__qualname__))
         if dataclasses.is_dataclass(cls):
             params = cls.__dataclass_params__  # type: ignore[attr-defined]
             options = {k: getattr(params, k, None) for k in _DATACLASS_OPTIONS}

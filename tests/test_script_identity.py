@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 import snapstore
-from snapstore.codeid import module_name
+from snapstore.importname import module_name
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 
