@@ -8,8 +8,8 @@ from typing import Any
 
 import click
 
+from snapstore.catalog import resolve_fingerprint
 from snapstore.copy import CopyResult, copy_snapshot
-from snapstore.snapshot import resolve_fingerprint
 from snapstore.store import open_store
 
 from .common import Context, human_bytes, parse_options

@@ -16,11 +16,10 @@ import click
 import numpy as np
 
 import snapstore
-from snapstore.catalog import list_snapshots
+from snapstore.catalog import list_snapshots, resolve_fingerprint
 from snapstore.gc import find_garbage
 from snapstore.prefetch import ReadStats
 from snapstore.simulate import simulated_store
-from snapstore.snapshot import resolve_fingerprint
 from snapstore.store import Store
 
 from .common import Context, human_bytes, table

@@ -16,11 +16,16 @@ from typing import Any
 
 import click
 
-from snapstore.catalog import describe, diff_snapshots, list_snapshots, remove_snapshot
+from snapstore.catalog import (
+    describe,
+    diff_snapshots,
+    list_snapshots,
+    remove_snapshot,
+    resolve_fingerprint,
+)
 from snapstore.errors import BusyError, SnapstoreError
 from snapstore.gc import Policy, collect_garbage, select_snapshots
 from snapstore.schema import Field
-from snapstore.snapshot import resolve_fingerprint
 from snapstore.verify import verify_snapshot
 
 from .common import (

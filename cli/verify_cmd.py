@@ -8,7 +8,7 @@ from typing import Any
 
 import click
 
-from snapstore.snapshot import list_fingerprints, resolve_fingerprint
+from snapstore.catalog import list_fingerprints, resolve_fingerprint
 from snapstore.verify import VerifyReport, verify_snapshot
 
 from .common import Context, human_bytes, no_snapshots

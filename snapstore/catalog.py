@@ -11,20 +11,23 @@ from typing import Any
 
 from . import format as fmt
 from .claims import inspect_claim
-from .errors import BusyError, FormatError
+from .errors import AmbiguousFingerprintError, BusyError, FormatError, SnapshotNotFoundError
 from .explain import diff_parts
 from .fingerprint import Fingerprint
 from .partitions import PARTS_DIR
 from .pins import last_read, list_pins, live_pins
 from .reader import load_manifest
+from .roots import root_missing
 from .store import Store
 
 __all__ = [
     "describe",
     "diff_snapshots",
+    "list_fingerprints",
     "list_snapshots",
     "previous_of_stage",
     "remove_snapshot",
+    "resolve_fingerprint",
     "stored_fingerprint",
 ]
 
@@ -107,8 +110,6 @@ def _partitions_written(store: Store, fingerprint: str, now: float) -> tuple[int
 
 def list_snapshots(store: Store) -> list[dict[str, Any]]:
     """Summaries of every snapshot directory (committed or not) under the root, by fingerprint."""
-    from .snapshot import list_fingerprints
-
     return [describe(store, name) for name in list_fingerprints(store, committed_only=False)]
 
 
@@ -179,8 +180,6 @@ def diff_snapshots(store: Store, a: str, b: str) -> dict[str, Any]:
 
 def previous_of_stage(store: Store, stage: str, exclude: str) -> str | None:
     """The most recently created committed snapshot of ``stage`` other than ``exclude``."""
-    from .snapshot import list_fingerprints
-
     best: tuple[str, str] | None = None
     for fp in list_fingerprints(store):
         if fp == exclude:
@@ -194,3 +193,65 @@ def previous_of_stage(store: Store, stage: str, exclude: str) -> str | None:
             if best is None or created > best[0]:
                 best = (created, fp)
     return best[1] if best else None
+
+
+def list_fingerprints(store: Store, *, committed_only: bool = True) -> list[str]:
+    """Snapshot directories under ``store`` (for tools; readers never list).
+
+    With ``committed_only`` false, directories holding only runs or partitions (being written,
+    or left by a crash) are included too.
+    """
+    names = [n for n in store.list_dir("") if fmt.is_plain_name(n)]
+    if committed_only:
+        return [n for n in names if store.exists(f"{n}/{fmt.COMMIT_NAME}")]
+    return [
+        n
+        for n in names
+        if store.exists(f"{n}/{fmt.COMMIT_NAME}")
+        or store.exists(f"{n}/runs")
+        or store.exists(f"{n}/{PARTS_DIR}")
+    ]
+
+
+def resolve_fingerprint(store: Store, prefix: str, *, committed_only: bool = True) -> str:
+    """The full fingerprint of a snapshot from a unique prefix.
+
+    Raises
+    ------
+    SnapshotNotFoundError
+        If nothing matches (or ``prefix`` is not a plain name, such as ``../x``); the message
+        says so when a local root does not exist.
+    AmbiguousFingerprintError
+        If several snapshots match.
+    """
+    if not fmt.is_plain_name(prefix):
+        raise SnapshotNotFoundError(
+            f"{prefix!r} is not a fingerprint: expected the hex digits `snapstore ls` shows"
+        )
+    if store.exists(f"{prefix}/{fmt.COMMIT_NAME}"):
+        return prefix  # a full fingerprint: no listing needed
+    matches = [
+        fp
+        for fp in list_fingerprints(store, committed_only=committed_only)
+        if fp.startswith(prefix)
+    ]
+    if prefix in matches:
+        return prefix
+    if not matches:
+        kind = "committed snapshot" if committed_only else "snapshot"
+        if root_missing(store):
+            raise SnapshotNotFoundError(
+                f"no {kind} matches {prefix!r}: expected a root directory at {store.url}, "
+                "found none (it does not exist); check the path (root=, --root or "
+                "$SNAPSTORE_ROOT)"
+            )
+        raise SnapshotNotFoundError(
+            f"no {kind} matches {prefix!r} under {store.url}; `snapstore ls` lists them"
+        )
+    if len(matches) > 1:
+        shown = ", ".join(m[:12] for m in matches[:5]) + (", ..." if len(matches) > 5 else "")
+        raise AmbiguousFingerprintError(
+            f"{prefix!r} matches {len(matches)} snapshots under {store.url} ({shown}); "
+            "give more characters"
+        )
+    return matches[0]

@@ -22,11 +22,9 @@ from typing import Any, TypeVar, overload
 from . import claims, pins
 from . import format as fmt
 from .batches import BatchReader
-from .catalog import previous_of_stage, stored_fingerprint
-from .codeid import module_name
+from .catalog import previous_of_stage, resolve_fingerprint, stored_fingerprint
 from .engines import Engine, PartitionTask, make_engine
 from .errors import (
-    AmbiguousFingerprintError,
     BusyError,
     SnapshotNotFoundError,
     SnapstoreError,
@@ -34,12 +32,12 @@ from .errors import (
 )
 from .explain import diff_parts
 from .fingerprint import Fingerprint, fingerprint_stage
+from .importname import module_name
 from .parallel import PartitionJob, compute_partitions
-from .partitions import PARTS_DIR, commit_partitions, partition_dir
+from .partitions import commit_partitions, partition_dir
 from .plan import PlanOptions
 from .progress import ProgressArg, Reporter, holder_text, open_reporter, tee
 from .reader import SnapshotMetadata, SnapshotReader, load_manifest, read_metadata, read_record
-from .roots import root_missing
 from .schema import Schema
 from .store import LocalStore, Store, open_store
 from .writer import ProgressCallback, SnapshotWriter, WriteOptions
@@ -719,68 +717,6 @@ def snapshot(fn: F | None = None, **settings: Any) -> Stage | Callable[[F], Stag
 
 
 ON_BUSY = ("wait", "pass", "error")
-
-
-def list_fingerprints(store: Store, *, committed_only: bool = True) -> list[str]:
-    """Snapshot directories under ``store`` (for tools; readers never list).
-
-    With ``committed_only`` false, directories holding only runs or partitions (being written,
-    or left by a crash) are included too.
-    """
-    names = [n for n in store.list_dir("") if fmt.is_plain_name(n)]
-    if committed_only:
-        return [n for n in names if store.exists(f"{n}/{fmt.COMMIT_NAME}")]
-    return [
-        n
-        for n in names
-        if store.exists(f"{n}/{fmt.COMMIT_NAME}")
-        or store.exists(f"{n}/runs")
-        or store.exists(f"{n}/{PARTS_DIR}")
-    ]
-
-
-def resolve_fingerprint(store: Store, prefix: str, *, committed_only: bool = True) -> str:
-    """The full fingerprint of a snapshot from a unique prefix.
-
-    Raises
-    ------
-    SnapshotNotFoundError
-        If nothing matches (or ``prefix`` is not a plain name, such as ``../x``); the message
-        says so when a local root does not exist.
-    AmbiguousFingerprintError
-        If several snapshots match.
-    """
-    if not fmt.is_plain_name(prefix):
-        raise SnapshotNotFoundError(
-            f"{prefix!r} is not a fingerprint: expected the hex digits `snapstore ls` shows"
-        )
-    if store.exists(f"{prefix}/{fmt.COMMIT_NAME}"):
-        return prefix  # a full fingerprint: no listing needed
-    matches = [
-        fp
-        for fp in list_fingerprints(store, committed_only=committed_only)
-        if fp.startswith(prefix)
-    ]
-    if prefix in matches:
-        return prefix
-    if not matches:
-        kind = "committed snapshot" if committed_only else "snapshot"
-        if root_missing(store):
-            raise SnapshotNotFoundError(
-                f"no {kind} matches {prefix!r}: expected a root directory at {store.url}, "
-                "found none (it does not exist); check the path (root=, --root or "
-                "$SNAPSTORE_ROOT)"
-            )
-        raise SnapshotNotFoundError(
-            f"no {kind} matches {prefix!r} under {store.url}; `snapstore ls` lists them"
-        )
-    if len(matches) > 1:
-        shown = ", ".join(m[:12] for m in matches[:5]) + (", ..." if len(matches) > 5 else "")
-        raise AmbiguousFingerprintError(
-            f"{prefix!r} matches {len(matches)} snapshots under {store.url} ({shown}); "
-            "give more characters"
-        )
-    return matches[0]
 
 
 def open(fingerprint: str, root: Root = None, **storage_options: Any) -> Snapshot:
