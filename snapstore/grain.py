@@ -48,7 +48,6 @@ from .handle import SnapshotHandle
 from .ragged import RaggedRows, check_form, emit
 from .reader import SnapshotReader
 from .snapshot import Snapshot
-from .snapshot import open as open_snapshot
 
 __all__ = ["SnapshotSource"]
 
@@ -79,18 +78,10 @@ class SnapshotSource:
     """
 
     def __init__(self, snapshot_or_fingerprint: Snapshot | str, root: Any = None) -> None:
-        if isinstance(snapshot_or_fingerprint, Snapshot):
-            snap = snapshot_or_fingerprint.materialize()
-        elif isinstance(snapshot_or_fingerprint, str):
-            snap = open_snapshot(snapshot_or_fingerprint, root)
-        else:
-            raise TypeError(
-                "SnapshotSource expects a Snapshot or a fingerprint string, found "
-                f"{type(snapshot_or_fingerprint).__name__}"
-            )
-        self.fingerprint = snap.fingerprint
         # Reopened in each worker process, whether it was spawned or forked.
-        self._handle = SnapshotHandle(snap, "Grain worker processes")
+        self._handle = SnapshotHandle.of(snapshot_or_fingerprint, root, "Grain worker processes")
+        snap = self._handle.open()
+        self.fingerprint = snap.fingerprint
         self._url = snap.store.url
         self._len = len(snap)
 

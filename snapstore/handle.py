@@ -45,6 +45,33 @@ class SnapshotHandle:
         self._opened: Snapshot | None = snapshot
         self._pid = os.getpid()
 
+    @classmethod
+    def of(
+        cls, snapshot_or_fingerprint: Snapshot | str, root: Any, destination: str
+    ) -> SnapshotHandle:
+        """A handle on a snapshot (materialized here if needed) or on a fingerprint (or unique
+        prefix) opened under ``root`` (as for :func:`snapstore.open`).
+
+        Raises
+        ------
+        TypeError
+            If given something else, or the snapshot's store cannot be reopened elsewhere.
+        SnapshotNotFoundError
+            If no committed snapshot matches the fingerprint.
+        """
+        from .snapshot import Snapshot, open
+
+        if isinstance(snapshot_or_fingerprint, Snapshot):
+            snap = snapshot_or_fingerprint.materialize()
+        elif isinstance(snapshot_or_fingerprint, str):
+            snap = open(snapshot_or_fingerprint, root)
+        else:
+            raise TypeError(
+                f"{destination} need a Snapshot or a fingerprint string, found "
+                f"{type(snapshot_or_fingerprint).__name__}"
+            )
+        return cls(snap, destination)
+
     def open(self) -> Snapshot:
         """The snapshot, opened in this process (again, after a fork or in a new process)."""
         if self._opened is None or self._pid != os.getpid():

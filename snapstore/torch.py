@@ -38,7 +38,6 @@ from .engines import usable_cores
 from .errors import ResumeError
 from .handle import SnapshotHandle
 from .snapshot import Snapshot
-from .snapshot import open as open_snapshot
 from .torch_ragged import (
     RaggedList,
     TorchRaggedForm,
@@ -110,20 +109,6 @@ def _list_value(value: list[Any]) -> Any:
     if len(arrays) == len(value):
         return arrays_to_list(value)
     return [None if a is None else _tensor(a) for a in value]
-
-
-def _handle(snapshot_or_fingerprint: Snapshot | str, root: Any) -> SnapshotHandle:
-    """The snapshot (materialized if needed) or fingerprint, as a handle for worker processes."""
-    if isinstance(snapshot_or_fingerprint, Snapshot):
-        snap = snapshot_or_fingerprint.materialize()
-    elif isinstance(snapshot_or_fingerprint, str):
-        snap = open_snapshot(snapshot_or_fingerprint, root)
-    else:
-        raise TypeError(
-            "expected a Snapshot or a fingerprint string, found "
-            f"{type(snapshot_or_fingerprint).__name__}"
-        )
-    return SnapshotHandle(snap, "DataLoader workers")
 
 
 def _place(rank: int | None, world_size: int | None) -> tuple[int, int]:
@@ -221,7 +206,7 @@ class SnapshotIterableDataset(IterableDataset[dict[str, Any]]):
         ragged: TorchRaggedForm = "list",
         **batches_options: Any,
     ) -> None:
-        self._location = _handle(snapshot_or_fingerprint, root)
+        self._location = SnapshotHandle.of(snapshot_or_fingerprint, root, "DataLoader workers")
         self.rank, self.world_size = _place(rank, world_size)
         self.epoch = 0
         self.ragged = ragged
@@ -351,7 +336,7 @@ class SnapshotDataset(Dataset[dict[str, Any]]):
     """
 
     def __init__(self, snapshot_or_fingerprint: Snapshot | str, root: Any = None) -> None:
-        self._location = _handle(snapshot_or_fingerprint, root)
+        self._location = SnapshotHandle.of(snapshot_or_fingerprint, root, "DataLoader workers")
         self._len = len(self._location.open())
 
     def __len__(self) -> int:
