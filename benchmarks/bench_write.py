@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import subprocess
 import sys
 import tempfile
 import time
@@ -36,7 +35,7 @@ import numpy as np
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
-from bench_format import img_samples, tok_lengths, tok_samples  # noqa: E402
+from bench_format import img_samples, run_script_child, tok_lengths, tok_samples  # noqa: E402
 
 Samples = Callable[[int], Iterator[dict[str, Any]]]
 SIZES = {
@@ -188,14 +187,7 @@ CHILDREN = {
 
 
 def run_child(name: str, **kwargs: Any) -> dict[str, Any]:
-    out = subprocess.run(
-        [sys.executable, __file__, "--child", name, json.dumps(kwargs)],
-        capture_output=True,
-        text=True,
-    )
-    if out.returncode != 0:
-        raise RuntimeError(f"child {name} failed:\n{out.stderr}")
-    return json.loads(out.stdout.strip().splitlines()[-1])  # type: ignore[no-any-return]
+    return run_script_child(__file__, name, **kwargs)
 
 
 # -- orchestration ---------------------------------------------------------------------------
