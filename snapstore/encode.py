@@ -49,6 +49,7 @@ def numeric_array(values: np.ndarray[Any, Any]) -> pa.Array:
 
 
 _SCALAR_DTYPES = {"int": np.int64, "float": np.float64, "bool": np.bool_}
+_SIZE = operator.attrgetter("size")  # of checked arrays: a C-level getter, unlike np.size
 
 
 def placeholder(field: Field) -> Any:
@@ -128,8 +129,10 @@ def _array_column(
             values = [np.asarray(v, dtype) if type(v) in LIST_TYPES else v for v in values]
         # Checked values are arrays of the field's dtype and rank: one C-level pass each for
         # the sizes, the values (flattened in any memory order) and the offsets.
-        sizes = np.fromiter(map(np.size, values), dtype=np.int64, count=count) * width
-        flat = np.concatenate(values, axis=None, dtype=dtype) if count else np.empty(0, dtype)
+        sizes = np.fromiter(map(_SIZE, values), dtype=np.int64, count=count) * width
+        # 1-D arrays join as they are; others are flattened (axis=None: a view per array)
+        axis = 0 if len(field.shape or ()) == 1 else None
+        flat = np.concatenate(values, axis=axis, dtype=dtype) if count else np.empty(0, dtype)
     offsets = np.zeros(count + 1, dtype=np.int64)
     np.cumsum(sizes, out=offsets[1:])
     flat_values = numeric_array(flat.view(storage))
