@@ -56,6 +56,11 @@ def _stage_name(fn: Callable[..., Any]) -> str:
     return f"{module}.{getattr(fn, '__qualname__', repr(fn))}"
 
 
+def _remove_owned(directory: str, owner: int) -> None:
+    if os.getpid() == owner:
+        shutil.rmtree(directory, ignore_errors=True)
+
+
 def _renamed_note(old: str, new: str) -> str:
     return (
         f"the stage was found under its old script name {old}: since fingerprint scheme 3 "
@@ -582,7 +587,9 @@ class Stage:
     def _pass_through(self, snap: Snapshot, progress: ProgressCallback | None) -> None:
         """Compute into a private temporary store that ``snap`` then reads (removed with it)."""
         directory = tempfile.mkdtemp(prefix="snapstore-pass-")
-        weakref.finalize(snap, shutil.rmtree, directory, ignore_errors=True)
+        # Removed by this process only: a forked DataLoader worker collects its copy of the
+        # Snapshot when it opens its own, and must not remove what the parent reads.
+        weakref.finalize(snap, _remove_owned, directory, os.getpid())
         snap.store = LocalStore(directory, fsync=False)
         self._compute(snap, progress)
 
