@@ -428,9 +428,9 @@ def _generation(name: str) -> int | None:
 
 
 def _remove_through(store: Store, fingerprint: str, generation: int) -> bool:
-    """Remove the claim files of generations up to ``generation`` (released by its holder,
-    this job), and the claims directory if that leaves it empty; nothing if a newer
-    generation exists.
+    """Remove the claim files of ``generation`` (released by its holder, this job) and the
+    claims directory if that leaves it empty, when it is the first and only generation;
+    nothing otherwise (a newer generation: another job claimed since; an older one: see below).
 
     Why this never removes a claim that another job holds or is about to hold: a job claims by
     creating ``claim-<max + 1>`` only if absent, where ``max`` is the newest generation it
@@ -439,8 +439,9 @@ def _remove_through(store: Store, fingerprint: str, generation: int) -> bool:
     listing, we remove nothing; if after, we remove only names at or below ours, never its
     files. (2) ``claim-<generation>`` is removed last, so older generations are gone before a
     job can list this directory as holding none; its new ``claim-00000000`` comes after our
-    last removal. (3) The files of older generations belong to holders that were taken over
-    (expired, or released): removing them takes nothing from a live claim. (4) ``released``
+    last removal. (3) Only generation 0 is removed, and only when no other generation exists:
+    a holder that was taken over may still be running and write its files later, so the
+    numbering must not restart while one exists (its files are left to gc). (4) ``released``
     goes just before the claim file: the other way round, a job could create a new claim of
     that name while our released marker still stood, and others would take its live claim
     for a released one. In between, a job that lists the directory sees our claim
@@ -453,9 +454,13 @@ def _remove_through(store: Store, fingerprint: str, generation: int) -> bool:
     """
     names = store.list_dir(_path(fingerprint))
     generations = {n: g for n in names if (g := _generation(n)) is not None}
-    if any(g > generation for g in generations.values()):
-        return False  # another job claimed it after our release: its files, its cleanup
-    ours = [n for n, g in generations.items() if g <= generation]
+    if generation != 0 or any(g != 0 for g in generations.values()):
+        # A later generation took over an earlier holder, which may still be running (slow,
+        # or its clock behind) and write its released marker or beats afterwards: were the
+        # numbering to restart at 0, those would land on a new job's live claim. Only the
+        # first generation, whose files are all ours, is removed; the rest is left to gc.
+        return False
+    ours = list(generations)
     last = (f"released-{generation:08d}", f"claim-{generation:08d}")
     for name in sorted(ours, key=lambda n: (last.index(n) if n in last else -1, n)):
         store.remove_tree(_path(fingerprint, name))

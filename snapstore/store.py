@@ -24,7 +24,6 @@ import itertools
 import logging
 import mmap
 import os
-import pickle
 import secrets
 import shutil
 import sys
@@ -48,8 +47,6 @@ __all__ = [
     "Store",
     "default_root",
     "open_store",
-    "portable",
-    "reopen",
 ]
 
 log = logging.getLogger(__name__)
@@ -271,21 +268,26 @@ class LocalStore(Store):
 
     def create_if_absent(self, path: str, data: bytes) -> bool:
         target = self._path(path)
-        tmp = target.with_name(f".{target.name}.{secrets.token_hex(6)}.tmp")
         with _translated("commit", self.join(path)):
-            with _SyncedFile(tmp, self.join(path), self.fsync) as f:  # makes the parents
-                f.write(data)
-            try:
-                os.link(tmp, target)  # fails with EEXIST if the name is taken: atomic
-            except FileExistsError:
-                # On NFS a retransmitted link() can report EEXIST although it succeeded: the
-                # record is ours if it holds our bytes (records name a unique run, so no other
-                # writer's record can be equal).
-                return target.read_bytes() == data
-            finally:
-                tmp.unlink()
-            self._fsync_dir(target.parent)
-            return True
+            for _ in range(_VANISHED_RETRIES):
+                tmp = target.with_name(f".{target.name}.{secrets.token_hex(6)}.tmp")
+                with _SyncedFile(tmp, self.join(path), self.fsync) as f:  # makes the parents
+                    f.write(data)
+                try:
+                    os.link(tmp, target)  # fails with EEXIST if the name is taken: atomic
+                except FileExistsError:
+                    # On NFS a retransmitted link() can report EEXIST although it succeeded:
+                    # the record is ours if it holds our bytes (records name a unique run, so
+                    # no other writer's record can be equal).
+                    try:
+                        return target.read_bytes() == data
+                    except FileNotFoundError:
+                        continue  # removed since (a failed job's claim cleanup, rm): again
+                finally:
+                    tmp.unlink()
+                self._fsync_dir(target.parent)
+                return True
+        raise _vanished(self.join(path))
 
     def exists(self, path: str) -> bool:
         return self._path(path).exists()
@@ -340,6 +342,7 @@ ATOMIC_CREATE_PROTOCOLS = frozenset({"memory", "gs", "gcs", "s3", "s3a", "file",
 # No directories, so no makedirs (s3fs' would create a missing bucket, hiding a typo).
 _OBJECT_STORES = frozenset({"gs", "gcs", "s3", "s3a"})
 _CREATE_LOCK = threading.Lock()
+_VANISHED_RETRIES = 5  # a file found to exist, then gone when read: create it again
 _WARNED: set[str] = set()  # protocols already warned about (once per process)
 
 
@@ -583,8 +586,7 @@ class FsspecStore(Store):
             # driver) finds its own file: it is ours if it holds our bytes. Records name their
             # writer (a run, a claim's owner), so no other writer's record is equal.
             return bytes(existing) == data
-        raise StoreError(f"cannot commit {self.join(path)}: it vanished each time it was found "
-                         "to exist; check what else removes files in this store")  # fmt: skip
+        raise _vanished(self.join(path))
 
     def _create(self, target: str, data: bytes) -> None:
         if self.protocol in ("file", "local"):
@@ -617,11 +619,11 @@ class FsspecStore(Store):
         )  # fmt: skip
 
     def remove_empty_dir(self, path: str) -> bool:
-        # Only where rmdir refuses a non-empty directory: the local filesystem (os.rmdir) and
-        # the memory one (checks, then removes: under the lock, against our own creates).
-        # Object stores have no directories; HDFS' rmdir may remove a whole tree.
+        # Memory only (under the lock; its creates need no directory). A local filesystem via
+        # fsspec makes a directory, then the file, without LocalStore's retry if it vanishes
+        # between; object stores have no directories; HDFS' rmdir may remove a whole tree.
         target = self._path(path)
-        if not path.strip("/") or self.protocol not in ("memory", "file", "local"):
+        if not path.strip("/") or self.protocol != "memory":
             return False
         try:
             with _CREATE_LOCK:
@@ -644,62 +646,11 @@ class FsspecStore(Store):
         self._forget(target)
 
 
-def portable(store: Store, destination: str) -> tuple[Any, ...]:
-    """What reopens ``store`` in another process (a DataLoader, Grain, engine or Ray worker): a
-    Store holds memory maps, caches, locks and event loops that another process cannot use, so a
-    dataset keeps this instead and calls :func:`reopen` where it reads.
-
-    It works whether the recipe reaches the other process pickled (``spawn``, ``forkserver``,
-    Ray, Dask) or copied with the parent's memory (``fork``): :func:`reopen` in a process other
-    than this one builds a new filesystem object there from the old one's options, never using
-    the parent's (an async filesystem such as gcsfs or s3fs runs its requests on an event-loop
-    thread that a forked child does not have).
-
-    Raises
-    ------
-    TypeError
-        For a store that is not a LocalStore, an FsspecStore or a CachedStore over one
-        (``destination`` names where it was to go).
-    """
-    from .cache import CachedStore  # the cache wraps stores: it imports this module
-
-    if isinstance(store, LocalStore):
-        return ("local", str(store.root), store.fsync)
-    if isinstance(store, FsspecStore):
-        return ("fsspec", store.fs, store.root, store.retry, store.url, os.getpid())
-    if isinstance(store, CachedStore):
-        cache = store.cache
-        return ("cached", portable(store.inner, destination), str(cache.directory), cache.max_bytes)
-    raise TypeError(
-        f"cannot send a {type(store).__name__} to {destination}: expected a LocalStore, "
-        "an FsspecStore or a CachedStore; open the snapshot under a local path or an fsspec URL"
+def _vanished(url: str) -> StoreError:
+    return StoreError(
+        f"cannot commit {url}: it vanished each time it was found to exist; check what else "
+        "removes files in this store"
     )
-
-
-def reopen(where: tuple[Any, ...]) -> Store:
-    """The store :func:`portable` described, opened in this process."""
-    if where[0] == "local":
-        return LocalStore(where[1], fsync=where[2])
-    if where[0] == "cached":
-        from .cache import BlockCache, CachedStore
-
-        return CachedStore(reopen(where[1]), BlockCache(where[2], where[3]))
-    _, fs, root, retry, url, pid = where
-    if pid != os.getpid():
-        fs = _rebuilt(fs)
-    store = FsspecStore(fs, root, retry=retry)
-    store.url = url  # e.g. latency://... for a simulated store
-    return store
-
-
-def _rebuilt(fs: Any) -> Any:
-    """A filesystem like ``fs`` that belongs to this process.
-
-    fsspec filesystems pickle as their class and options; unpickling in a process other than
-    the one that made ``fs`` builds a new instance (fsspec's instance cache forgets the parent's
-    instances after a fork), and a wrapper rebuilds the filesystem it wraps the same way.
-    """
-    return pickle.loads(pickle.dumps(fs))
 
 
 def default_root() -> str:

@@ -152,18 +152,34 @@ def test_an_unreadable_claim_counts_as_alive(store: Store) -> None:
 # --- abandoning a claim after a failure ------------------------------------------------------
 
 
-def test_abandon_removes_the_claim_and_older_generations(store: Store) -> None:
+def test_abandon_removes_a_first_claim(store: Store) -> None:
     clock = FakeClock()
-    crashed = foreign(store, clock)  # generation 0, never released: its job crashed
-    crashed.beat()
-    clock.advance(11.0)
     claim, _ = claims.acquire(store, FP, lease=10.0, owner="me", clock=clock)
-    assert claim is not None and claim.generation == 1
+    assert claim is not None and claim.generation == 0
     claim.beat()
     assert claim.abandon() is True
     assert store.list_dir(f"{FP}/claims") == [] and claim.released
     fresh, state = claims.acquire(store, FP, lease=10.0, owner="next", clock=clock)
     assert fresh is not None and state.generation == -1  # as if nobody had ever claimed it
+
+
+def test_abandon_after_a_takeover_leaves_the_generations_to_gc(store: Store) -> None:
+    """The holder taken over may only be slow, and write its released marker or beats later:
+    if the numbering restarted at 0, they would land on a new job's live claim-00000000."""
+    clock = FakeClock()
+    slow = foreign(store, clock)  # generation 0, expired but perhaps still running
+    slow.beat()
+    clock.advance(11.0)
+    claim, _ = claims.acquire(store, FP, lease=10.0, owner="me", clock=clock)
+    assert claim is not None and claim.generation == 1
+    claim.beat()
+    assert claim.abandon() is False and claim.released
+    assert "claim-00000000" in store.list_dir(f"{FP}/claims")
+    fresh, _ = claims.acquire(store, FP, lease=10.0, owner="next", clock=clock)
+    assert fresh is not None and fresh.generation == 2  # generations stay monotonic
+    slow.release()  # the slow job finishes: its marker names generation 0, not the new claim
+    again, state = claims.acquire(store, FP, lease=10.0, owner="third", clock=clock)
+    assert again is None and state.holder["owner"] == "next"
 
 
 def test_abandon_leaves_a_claim_taken_after_the_release(store: Store) -> None:
@@ -486,3 +502,27 @@ def test_gc_leaves_young_attempts_and_damaged_snapshots(tmp_path: Path) -> None:
 def dt_run(when: float) -> str:
     stamp = time.strftime("%Y%m%dT%H%M%S", time.gmtime(when))
     return f"{stamp}-host-{os.getpid()}-12345678"
+
+
+def test_local_create_if_absent_tries_again_when_the_file_it_met_vanishes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two jobs start together; the winner's stage fails at once and its cleanup removes the
+    claim between the loser's failed link and its read of the file: the loser claims."""
+    from snapstore.store import LocalStore
+
+    store = LocalStore(tmp_path)
+    store.write_bytes("fp/claims/claim-00000000", b"the winner's")
+    read = Path.read_bytes
+    calls = []
+
+    def vanished(self: Path) -> bytes:
+        if self.name == "claim-00000000" and not calls:
+            calls.append(self)
+            self.unlink()  # the winner's cleanup, just now
+            raise FileNotFoundError(self)
+        return read(self)
+
+    monkeypatch.setattr(Path, "read_bytes", vanished)
+    assert store.create_if_absent("fp/claims/claim-00000000", b"ours") is True
+    assert read(tmp_path / "fp/claims/claim-00000000") == b"ours" and calls
