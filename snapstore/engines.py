@@ -45,9 +45,10 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from .errors import StageError
+from .handle import portable, reopen
 from .partitions import write_partition
 from .schema import Schema
-from .store import Store, portable, reopen
+from .store import Store
 from .writer import WriteOptions
 
 __all__ = [
@@ -359,8 +360,8 @@ _environ_lock = threading.Lock()
 def _environ_set(changes: Mapping[str, str]) -> Iterator[None]:
     """``os.environ`` with ``changes`` while the block runs, as it was afterwards."""
     saved = {name: os.environ.get(name) for name in changes}
-    os.environ.update(changes)
     try:
+        os.environ.update(changes)
         yield
     finally:
         for name, value in saved.items():

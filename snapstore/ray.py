@@ -65,11 +65,12 @@ from . import format as fmt
 from .columns import BlockColumns, column_rows
 from .errors import SchemaError, SnapshotExistsError
 from .fingerprint import Fingerprint, fingerprint_key
+from .handle import portable, reopen
 from .partitions import PARTS_DIR, commit_partitions, partition_dir, write_partition
 from .reader import SnapshotReader, load_manifest
 from .schema import Schema
 from .snapshot import Snapshot, resolve_fingerprint
-from .store import Store, open_store, portable, reopen
+from .store import Store, open_store
 from .writer import Columns, WriteOptions
 
 __all__ = [
