@@ -401,10 +401,13 @@ def acquire(
     if not store.create_if_absent(name, json.dumps(body).encode()):
         return None, inspect_claim(store, fingerprint)  # another job took it first
     if state.generation >= 0 and not state.released:
-        log.warning(
-            "snapstore: took over the claim on %s from %s, silent for over %.0f s",
-            fingerprint, state.describe(), lease,
-        )  # fmt: skip
+        why = (
+            "whose process is gone (it crashed or was killed)"
+            if state.holder_died()
+            else f"silent for over {lease:.0f} s"
+        )
+        log.warning("snapstore: took over the claim on %s from %s, %s", fingerprint,
+                    state.describe(), why)  # fmt: skip
     return Claim(store, fingerprint, generation, owner, lease, clock), state
 
 

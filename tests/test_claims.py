@@ -128,7 +128,9 @@ def test_a_released_claim_is_free_at_once(store: Store) -> None:
     assert state.released and claim is not None and claim.generation == 1
 
 
-def test_a_dead_holder_on_this_host_is_expired_at_once(tmp_path: Path) -> None:
+def test_a_dead_holder_on_this_host_is_expired_at_once(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
     store = LocalStore(tmp_path)
     clock = FakeClock()
     child = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
@@ -139,8 +141,24 @@ def test_a_dead_holder_on_this_host_is_expired_at_once(tmp_path: Path) -> None:
     body["pid"] = int(child.stdout)  # that process has exited
     store.remove_tree(f"{FP}/claims/claim-00000000")
     store.write_bytes(f"{FP}/claims/claim-00000000", json.dumps(body).encode())
-    taken, state = claims.acquire(store, FP, lease=1000.0, clock=clock)
+    with caplog.at_level(logging.WARNING, logger="snapstore"):
+        taken, state = claims.acquire(store, FP, lease=1000.0, clock=clock)
     assert state.holder_died() and taken is not None and taken.generation == 1
+    # It says why it took over at once: not "silent for over 1000 s".
+    (line,) = [r.getMessage() for r in caplog.records if "took over" in r.getMessage()]
+    assert line.endswith("whose process is gone (it crashed or was killed)"), line
+
+
+def test_taking_over_a_silent_holder_says_how_long(
+    store: Store, caplog: pytest.LogCaptureFixture
+) -> None:
+    clock = FakeClock()
+    foreign(store, clock)
+    clock.advance(11.0)
+    with caplog.at_level(logging.WARNING, logger="snapstore"):
+        taken, _ = claims.acquire(store, FP, lease=10.0, clock=clock)
+    assert taken is not None
+    assert any(r.getMessage().endswith("silent for over 10 s") for r in caplog.records)
 
 
 def test_an_unreadable_claim_counts_as_alive(store: Store) -> None:
