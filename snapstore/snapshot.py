@@ -497,7 +497,9 @@ class Stage:
         try:
             with claim:
                 if not snap.committed:  # else committed between our check and our claim
-                    snap.miss_explanation = self.explain_miss(snap)
+                    if not announced:  # a job that waited explained the miss then (and the
+                        # takeover of the claim it waited for is logged by claims.acquire)
+                        snap.miss_explanation = self.explain_miss(snap)
                     self._compute(snap, report)
         except BaseException:
             # The attempt failed (a Ctrl-C too): its claim files would show in ls and gc as a

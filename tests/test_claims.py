@@ -317,6 +317,25 @@ def test_on_busy_wait_takes_over_from_a_silent_holder(tmp_path: Path) -> None:
     assert log.read_text() == "ran\n" and sum(clock.sleeps) >= 10.0
 
 
+def test_a_job_that_waited_then_took_over_explains_the_miss_once(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    log = tmp_path / "log"
+    stage = snapstore.snapshot(counted(log), root=tmp_path / "root", lease=10.0)
+    clock = FakeClock(wall=time.time())
+    stage.clock = clock
+    stage(2).materialize()  # an earlier snapshot of the stage: the miss is explained
+    snap = stage(3)
+    claim, _ = claims.acquire(snap.store, snap.fingerprint, lease=10.0, owner="ghost", clock=clock)
+    assert claim is not None  # never beats, never releases: a job that hung
+    with caplog.at_level(logging.WARNING, logger="snapstore"):
+        snap.materialize()
+    misses = [r.getMessage() for r in caplog.records if "no snapshot of" in r.getMessage()]
+    assert len(misses) == 1 and "; waiting for job ghost" in misses[0]
+    assert any("took over the claim" in r.getMessage() for r in caplog.records)
+    assert log.read_text() == "ran\nran\n"
+
+
 def test_a_waiting_job_logs_that_it_waits_and_for_whom(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
