@@ -15,6 +15,7 @@ import os
 import pickle
 from typing import TYPE_CHECKING, Any
 
+from .cache import BlockCache, CachedStore
 from .store import FsspecStore, LocalStore, Store
 
 if TYPE_CHECKING:
@@ -41,7 +42,6 @@ class SnapshotHandle:
 
     def __init__(self, snapshot: Snapshot, destination: str) -> None:
         self.fingerprint = snapshot.fingerprint
-        self.url = snapshot.store.url
         self.root = portable(snapshot.store, destination)
         self._opened: Snapshot | None = snapshot
         self._pid = os.getpid()
@@ -105,8 +105,6 @@ def portable(store: Store, destination: str) -> tuple[Any, ...]:
         For a store that is not a LocalStore, an FsspecStore or a CachedStore over one
         (``destination`` names where it was to go).
     """
-    from .cache import CachedStore  # the cache wraps stores: it imports this module
-
     if isinstance(store, LocalStore):
         return ("local", str(store.root), store.fsync)
     if isinstance(store, FsspecStore):
@@ -125,8 +123,6 @@ def reopen(where: tuple[Any, ...]) -> Store:
     if where[0] == "local":
         return LocalStore(where[1], fsync=where[2])
     if where[0] == "cached":
-        from .cache import BlockCache, CachedStore
-
         return CachedStore(reopen(where[1]), BlockCache(where[2], where[3]))
     _, fs, root, retry, url, pid = where
     if pid != os.getpid():
