@@ -104,8 +104,8 @@ class BatchReader:
         self._stats = ReadStats()
 
     def _plan(self, epoch: int) -> EpochPlan:
-        rows = self.reader.index["rows"]
-        return EpochPlan(rows, epoch=epoch, options=self.options, **self._place)
+        offsets = self.reader.offsets  # shared with the reader: no private O(blocks) array
+        return EpochPlan(None, offsets=offsets, epoch=epoch, options=self.options, **self._place)
 
     @property
     def epoch(self) -> int:

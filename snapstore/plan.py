@@ -3,7 +3,8 @@
 Nothing here does I/O or keeps per-sample state. The order of an epoch is a function of
 ``(block_rows, seed, epoch, shuffle, window_blocks)`` built from keyed permutations (a balanced
 Feistel network with cycle-walking), so any position of it is computed from a few integers and
-resuming mid-epoch costs O(number of blocks), never O(number of samples).
+resuming mid-epoch costs O(number of blocks) time, never O(number of samples). A plan keeps
+O(number of windows) integers at most: a window's blocks are permuted when it is read.
 
 The global order ``G`` of an epoch (length ``N``, the total number of rows):
 
@@ -137,6 +138,32 @@ def _feistel(x: _U64, half_bits: int, round_keys: list[np.uint64]) -> _U64:
     return out
 
 
+def _feistel_keys(n: int, key: int) -> tuple[int, list[int]]:
+    """Half width in bits and round keys of the network :func:`permute` uses for ``n >= 2``."""
+    half_bits = max(1, ((n - 1).bit_length() + 1) // 2)
+    k64 = operator.index(key) & _MASK64
+    return half_bits, [_mix64(k64 ^ _mix64(_FEISTEL_DOMAIN + r)) for r in range(_ROUNDS)]
+
+
+def unpermute_one(value: int, n: int, key: int) -> int:
+    """The position ``i`` with ``permute([i], n, key)[0] == value``: the network run backwards
+    (each round undone, last round first), cycle-walking until inside ``[0, n)``."""
+    value, n = operator.index(value), operator.index(n)
+    if not 0 <= value < n:
+        raise ValueError(f"unpermute_one: expected 0 <= value < {n}, found {value}")
+    if n <= 1:
+        return 0
+    half_bits, round_keys = _feistel_keys(n, key)
+    mask = (1 << half_bits) - 1
+    while True:
+        left, right = value >> half_bits, value & mask
+        for rk in reversed(round_keys):
+            left, right = right ^ (_mix64(left + rk) & mask), left
+        value = (left << half_bits) | right
+        if value < n:
+            return value
+
+
 def permute(index: npt.ArrayLike, n: int, key: int) -> IntArray:
     """Apply a keyed pseudo-random bijection of ``[0, n)`` to every element of ``index``.
 
@@ -181,9 +208,8 @@ def permute(index: npt.ArrayLike, n: int, key: int) -> IntArray:
         raise ValueError(f"permute: expected index values in [0, {n}), found {found}")
     if n <= 1:
         return np.zeros(arr.shape, np.int64)
-    half_bits = max(1, ((n - 1).bit_length() + 1) // 2)
-    k64 = operator.index(key) & _MASK64
-    round_keys = [np.uint64(_mix64(k64 ^ _mix64(_FEISTEL_DOMAIN + r))) for r in range(_ROUNDS)]
+    half_bits, keys = _feistel_keys(n, key)
+    round_keys = [np.uint64(k) for k in keys]
     # Values are checked non-negative, so a signed array is reinterpreted rather than copied.
     src = arr.ravel().astype(np.int64, copy=False).view(np.uint64)
     y = _feistel(src, half_bits, round_keys)
@@ -284,6 +310,36 @@ def _check_block_rows(block_rows: npt.ArrayLike) -> IntArray:
     return rows.astype(np.int64)
 
 
+def _check_offsets(offsets: npt.ArrayLike) -> IntArray:
+    """``offsets`` as given (an int64 view, not copied) after a scan that it starts at 0 and
+    never decreases, a chunk of :data:`_BATCH` values at a time (O(chunk) memory)."""
+    values = np.asarray(offsets)
+    if values.ndim != 1 or values.size == 0 or values.dtype != np.int64:
+        found = f"shape {values.shape}, dtype {values.dtype}"
+        raise ValueError(
+            f"EpochPlan: expected 1-D int64 offsets of blocks + 1 values, found {found}"
+        )
+    if int(values[0]) != 0:
+        raise ValueError(f"EpochPlan: expected offsets starting at 0, found {int(values[0])}")
+    for lo in range(0, values.size - 1, _BATCH):
+        if bool((np.diff(values[lo : lo + _BATCH + 1]) < 0).any()):
+            raise ValueError(f"EpochPlan: offsets decrease after position {lo}")
+    return values
+
+
+def _uniform_rows(offsets: IntArray) -> int | None:
+    """The rows of every block but the last when they are all equal (the last may differ),
+    else None; one scan of ``offsets`` a chunk at a time."""
+    blocks = offsets.size - 1
+    if blocks < 2:
+        return int(offsets[-1]) if blocks else 0
+    rows = int(offsets[1])
+    for lo in range(0, blocks - 1, _BATCH):
+        if bool((np.diff(offsets[lo : min(lo + _BATCH, blocks - 1) + 1]) != rows).any()):
+            return None
+    return rows
+
+
 class EpochPlan:
     """The samples one consumer reads in one epoch, in order, as global sample indices.
 
@@ -297,8 +353,9 @@ class EpochPlan:
 
     Parameters
     ----------
-    block_rows : array_like of int
-        Rows per block, blocks in written order (1-D, non-negative).
+    block_rows : array_like of int or None
+        Rows per block, blocks in written order (1-D, non-negative); None when ``offsets`` is
+        given.
     epoch : int
         Epoch number, ``>= 0``.
     rank : int
@@ -309,6 +366,12 @@ class EpochPlan:
         This consumer's place among its rank's workers (DataLoader worker id and count).
     options : PlanOptions
         Shuffle, seed, window size and the drop/pad rule.
+    offsets : array_like of int64, optional
+        ``blocks + 1`` sample offsets (0, then the running total of ``block_rows``), for
+        instance :attr:`SnapshotReader.offsets <snapstore.reader.SnapshotReader.offsets>`,
+        mapped from the per-host index. They are read in place, never copied: the plan then
+        keeps no array of one value per block (only one per window when shuffled blocks hold
+        different numbers of rows, and none when all but the last hold the same number).
 
     Attributes
     ----------
@@ -337,7 +400,7 @@ class EpochPlan:
 
     def __init__(
         self,
-        block_rows: npt.ArrayLike,
+        block_rows: npt.ArrayLike | None,
         *,
         epoch: int,
         rank: int,
@@ -345,8 +408,13 @@ class EpochPlan:
         options: PlanOptions,
         worker: int = 0,
         num_workers: int = 1,
+        offsets: npt.ArrayLike | None = None,
     ) -> None:
-        rows = _check_block_rows(block_rows)
+        if offsets is None:
+            if block_rows is None:
+                raise ValueError("EpochPlan: expected block_rows or offsets, found neither")
+            offsets = np.concatenate(([0], np.cumsum(_check_block_rows(block_rows))))
+        self._offsets = _check_offsets(offsets)
         self.epoch = _check_range("epoch", epoch, 0)
         self.world_size = _check_range("world_size", world_size, 1)
         self.rank = _check_range("rank", rank, 0, self.world_size)
@@ -355,31 +423,76 @@ class EpochPlan:
         self.num_consumers = self.world_size * self.num_workers
         self.consumer = self.rank * self.num_workers + self.worker
         self.options = options
-        n_blocks = rows.size
-        offsets = np.concatenate(([0], np.cumsum(rows)))
-        self._offsets = offsets
-        self.total_samples = int(offsets[-1])
+        self._blocks = self._offsets.size - 1
+        self.total_samples = int(self._offsets[-1])
         n, c = self.total_samples, self.num_consumers
         self.num_samples = n // c if options.drop_last else -(-n // c)
+        self._key = derive_key(options.seed, self.epoch, BLOCK_DOMAIN)
+        # Where each window starts in G: from the offsets without shuffle; arithmetic when
+        # blocks are uniform (the last block's place in the permutation is all that varies);
+        # else a private array of one value per window, summed over the permutation in chunks.
+        self._uniform: tuple[int, int] | None = None
+        self._bounds: IntArray | None = None
         if options.shuffle:
-            key = derive_key(options.seed, self.epoch, BLOCK_DOMAIN)
-            self._block_order = permute(np.arange(n_blocks), n_blocks, key)
-        else:
-            self._block_order = np.arange(n_blocks, dtype=np.int64)
-        # O(B) state: where each permuted block's rows start in G and in written order.
-        self._starts = offsets[self._block_order]
-        self._g_offsets = np.concatenate(([0], np.cumsum(rows[self._block_order])))
-        wb = options.window_blocks
-        self._window_starts = np.append(self._g_offsets[0:n_blocks:wb], n)
+            rows = _uniform_rows(self._offsets)
+            if rows is not None:
+                last = self._blocks - 1
+                where = unpermute_one(last, self._blocks, self._key) if last >= 0 else 0
+                self._uniform = (rows, where)
+            else:
+                self._bounds = self._streamed_bounds()
 
     @property
     def num_windows(self) -> int:
         """Number of windows (groups of ``window_blocks`` permuted blocks) in the epoch."""
-        return int(self._window_starts.size - 1)
+        return -(-self._blocks // self.options.window_blocks)
 
     def block_order(self) -> IntArray:
         """Return the epoch's block order (block ids in the order ``G`` visits them)."""
-        return self._block_order.copy()
+        return self._block_range(0, self._blocks)
+
+    def _block_range(self, lo: int, hi: int) -> IntArray:
+        """Block ids at positions ``[lo, hi)`` of the block order: O(hi - lo)."""
+        positions = np.arange(lo, hi, dtype=np.int64)
+        return permute(positions, self._blocks, self._key) if self.options.shuffle else positions
+
+    def _streamed_bounds(self) -> IntArray:
+        """Where each window starts in G (and N at the end), for blocks of varying rows: the
+        permutation is computed a few windows at a time, so this array is the only one kept."""
+        wb, blocks = self.options.window_blocks, self._blocks
+        sums = np.zeros(self.num_windows + 1, np.int64)
+        step = wb * max(1, _BATCH // wb)
+        for lo in range(0, blocks, step):
+            ids = self._block_range(lo, min(blocks, lo + step))
+            rows = self._offsets[ids + 1] - self._offsets[ids]
+            window = lo // wb + 1
+            totals = np.add.reduceat(rows, np.arange(0, ids.size, wb))
+            sums[window : window + totals.size] = totals
+        return np.cumsum(sums, out=sums)
+
+    def _window_start(self, window: int) -> int:
+        """Where window ``window`` (``0 <= window <= num_windows``) starts in G."""
+        position = min(window * self.options.window_blocks, self._blocks)
+        if self._bounds is not None:
+            return int(self._bounds[window])
+        if self._uniform is None:
+            return int(self._offsets[position])
+        rows, last_at = self._uniform
+        extra = self.total_samples - rows * self._blocks if position > last_at else 0
+        return position * rows + extra
+
+    def _find_window(self, position: int) -> int:
+        """The last window that starts at or before ``position`` of G (a binary search)."""
+        if self._bounds is not None:
+            return int(np.searchsorted(self._bounds, position, side="right")) - 1
+        lo, hi = 0, self.num_windows + 1
+        while lo < hi:
+            mid = (lo + hi) // 2
+            if self._window_start(mid) <= position:
+                lo = mid + 1
+            else:
+                hi = mid
+        return lo - 1
 
     def chunks(self, start: int = 0) -> Iterator[IntArray]:
         """Yield this consumer's global sample indices from position ``start`` on, in order.
@@ -419,10 +532,9 @@ class EpochPlan:
 
     def _segment(self, begin: int, stop: int) -> Iterator[IntArray]:
         """Yield ``G[begin:stop]`` window by window."""
-        bounds = self._window_starts
-        window = int(np.searchsorted(bounds, begin, side="right")) - 1
+        window = self._find_window(begin)
         while begin < stop:
-            end = min(int(bounds[window + 1]), stop)
+            end = min(self._window_start(window + 1), stop)
             if end > begin:  # windows of empty blocks have no positions
                 yield self._window_slice(window, begin, end)
             begin, window = end, window + 1
@@ -431,15 +543,16 @@ class EpochPlan:
         """Global indices of ``G[begin:end]``, a range inside ``window``."""
         if not self.options.shuffle:
             return np.arange(begin, end, dtype=np.int64)
-        w0 = int(self._window_starts[window])
-        size = int(self._window_starts[window + 1]) - w0
-        key = derive_key(self.options.seed, self.epoch, window, WINDOW_DOMAIN)
-        local = window_permutation(size, key)[begin - w0 : end - w0] + w0
         wb = self.options.window_blocks
-        lo = window * wb
-        g_offsets = self._g_offsets[lo : lo + wb + 1]
+        ids = self._block_range(window * wb, min(window * wb + wb, self._blocks))
+        starts = self._offsets[ids]
+        g_offsets = np.zeros(ids.size + 1, np.int64)
+        np.cumsum(self._offsets[ids + 1] - starts, out=g_offsets[1:])
+        w0 = self._window_start(window)
+        key = derive_key(self.options.seed, self.epoch, window, WINDOW_DOMAIN)
+        local = window_permutation(int(g_offsets[-1]), key)[begin - w0 : end - w0]
         slot = np.searchsorted(g_offsets, local, side="right") - 1
-        return self._starts[lo + slot] + (local - g_offsets[slot])
+        return starts[slot] + (local - g_offsets[slot])
 
     def order(self) -> IntArray:
         """Return this consumer's whole order (``chunks(0)`` concatenated); O(num_samples) memory.

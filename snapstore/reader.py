@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import functools
 import logging
 import os
 import threading
@@ -24,6 +25,7 @@ from typing import Any
 import numpy as np
 
 from . import format as fmt
+from . import hostindex
 from .columns import BlockColumns
 from .errors import FormatError, SnapshotNotFoundError, SnapstoreError
 from .plan import EpochPlan, PlanOptions
@@ -196,9 +198,7 @@ class SnapshotReader:
         self.schema = Schema.from_json(self.manifest["schema"])
         self._arrow_schema = self.schema.arrow_schema()
         self.shard_paths = [self._shard_path(s) for s in self.manifest["shards"]]
-        self.index = self._load_index()
-        self.offsets = np.zeros(len(self.index) + 1, dtype=np.int64)
-        np.cumsum(self.index["rows"].astype(np.int64), out=self.offsets[1:])
+        self.index, self.offsets = self._load_index()
         if int(self.offsets[-1]) != int(self.manifest["num_samples"]):
             raise FormatError(
                 f"index of {self.fingerprint} holds {int(self.offsets[-1])} samples but the "
@@ -217,10 +217,37 @@ class SnapshotReader:
             fmt.check_name(part, "shard directory component")
         return f"{self.fingerprint}/{where}/{name}"
 
-    def _load_index(self) -> np.ndarray[Any, Any]:
+    def _load_index(self) -> tuple[np.ndarray[Any, Any], np.ndarray[Any, Any]]:
+        """The block index and the sample offsets (``offsets[b]``: block ``b``'s first sample).
+
+        From :data:`snapstore.hostindex.MIN_BLOCKS` blocks on, both are mapped from this host's
+        copy (created from the store's ``index.bin`` by the first reader on the host); below
+        that, or where the copy cannot be written, they are private arrays.
+        """
         meta = self.manifest["index"]
         name = fmt.check_name(meta.get("path"), "index")
         where = self.store.join(f"{self.run_dir}/{name}")
+        shared = int(self.manifest["num_blocks"]) >= hostindex.MIN_BLOCKS
+        if shared:
+            found = hostindex.load(self.fingerprint, self.manifest["run"], meta)
+            if found is not None:
+                self._index_data = None
+                return self._checked_counts(found.index, where), found.offsets
+        data = self._index_bytes(name, where)
+        if shared:
+            check = functools.partial(self._check_rows, where=where)
+            made = hostindex.create(self.fingerprint, self.manifest["run"], meta, data, check)
+            if made is not None:
+                return self._checked_counts(made.index, where), made.offsets
+        index = fmt.read_index(data, where)
+        self._check_rows(index, where)
+        offsets = np.zeros(len(index) + 1, dtype=np.int64)
+        np.cumsum(index["rows"].astype(np.int64), out=offsets[1:])
+        return self._checked_counts(index, where), offsets
+
+    def _index_bytes(self, name: str, where: str) -> bytes:
+        """``index.bin``'s bytes (those read ahead, if any), checked against the manifest."""
+        meta = self.manifest["index"]
         data, self._index_data = self._index_data, None
         if data is None or name != fmt.INDEX_NAME:
             data = self.store.read_bytes(f"{self.run_dir}/{name}")
@@ -228,7 +255,10 @@ class SnapshotReader:
             raise FormatError(
                 f"block index {where} does not match its manifest entry; it is corrupt"
             )
-        index = fmt.read_index(data, where)
+        return data
+
+    def _check_rows(self, index: np.ndarray[Any, Any], where: str) -> None:
+        """Raise if rows of the index point outside the snapshot's shards."""
         sizes = np.array([int(s.get("size", -1)) for s in self.manifest["shards"]], dtype=np.int64)
         if len(index) and (
             int(index["shard"].max()) >= len(self.shard_paths)
@@ -242,6 +272,8 @@ class SnapshotReader:
             raise FormatError(
                 f"block index {where} points outside the snapshot's shards; it is corrupt"
             )
+
+    def _checked_counts(self, index: np.ndarray[Any, Any], where: str) -> np.ndarray[Any, Any]:
         per_shard = [int(s.get("blocks", -1)) for s in self.manifest["shards"]]
         if len(index) != int(self.manifest["num_blocks"]) or sum(per_shard) != len(index):
             raise FormatError(
@@ -375,7 +407,8 @@ class SnapshotReader:
         return BlockColumns(self.schema, fmt.decode_block(data, entry, self._arrow_schema, shard))
 
     def __iter__(self) -> Iterator[dict[str, Any]]:
-        plan = EpochPlan(self.index["rows"], epoch=0, rank=0, world_size=1, options=PlanOptions())
+        options = PlanOptions()
+        plan = EpochPlan(None, offsets=self.offsets, epoch=0, rank=0, world_size=1, options=options)
         with contextlib.closing(self.prefetch(plan.chunks())) as prefetcher:
             for idx, decoded in prefetcher:
                 blocks, rows = self.locate(idx)
