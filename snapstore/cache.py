@@ -534,6 +534,9 @@ class CachedStore(Store):
     def list_dir(self, path: str) -> list[str]:
         return self.inner.list_dir(path)
 
+    def list_tree(self, path: str, prefix: str = "") -> dict[str, int]:
+        return self.inner.list_tree(path, prefix)
+
     def size(self, path: str) -> int:
         return self.inner.size(path)
 

@@ -147,9 +147,10 @@ def _path(fingerprint: str, name: str = "") -> str:
     return f"{fingerprint}/{CLAIMS_DIR}" + (f"/{name}" if name else "")
 
 
-def inspect_claim(store: Store, fingerprint: str) -> ClaimState:
-    """The state of ``fingerprint``'s claim, from one listing and one or two small reads."""
-    names = store.list_dir(_path(fingerprint))
+def inspect_claim(store: Store, fingerprint: str, names: list[str] | None = None) -> ClaimState:
+    """The state of ``fingerprint``'s claim, from one listing and one or two small reads;
+    ``names`` is a listing of its claims directory already taken (then no listing)."""
+    names = store.list_dir(_path(fingerprint)) if names is None else names
     generations = [int(m.group(1)) for n in names if (m := _CLAIM.fullmatch(n))]
     if not generations:
         return ClaimState()
@@ -358,6 +359,7 @@ def acquire(
     owner: str | None = None,
     clock: Clock | None = None,
     watched: dict[str, Any] | None = None,
+    observed: ClaimState | None = None,
 ) -> tuple[Claim | None, ClaimState]:
     """Try to claim ``fingerprint``: create generation 0, or the next one over an expired claim.
 
@@ -374,6 +376,10 @@ def acquire(
     watched : dict, optional
         State kept between calls by a job that polls: it lets the monotonic rule expire a
         holder whose heartbeats stopped, whatever the clocks say.
+    observed : ClaimState, optional
+        The claim's state as just inspected (e.g. from a listing of many partitions), instead
+        of inspecting it here. A stale one costs at most a failed create: taking a claim is
+        creating the next generation only if absent.
 
     Returns
     -------
@@ -385,7 +391,7 @@ def acquire(
         raise ValueError(f"lease: expected a positive number of seconds, found {lease!r}")
     clock = clock or SystemClock()
     owner = owner or new_owner()
-    state = inspect_claim(store, fingerprint)
+    state = observed if observed is not None else inspect_claim(store, fingerprint)
     if not state.expired(clock.time()) and not _stalled(state, clock, watched):
         return None, state
     generation = state.generation + 1

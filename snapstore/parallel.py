@@ -23,7 +23,14 @@ from typing import Any
 
 from . import claims
 from .engines import CannotTravelError, Engine, PartitionTask, ThreadEngine, run_partition
-from .partitions import PARTS_DIR, partition_dir, partition_done
+from .listing import map_concurrently
+from .partitions import (
+    PARTS_DIR,
+    PartitionStatus,
+    partition_dir,
+    partition_done,
+    partition_status,
+)
 from .progress import Reporter
 from .store import Store
 from .writer import ProgressCallback
@@ -58,6 +65,8 @@ class PartitionJob:
     held: list[tuple[int, claims.Claim]] = field(default_factory=list)  # every claim taken
     waits: dict[int, claims.ClaimState] = field(default_factory=dict)  # held by other jobs
     announced: set[str] = field(default_factory=set)  # holders whose wait was logged
+    status: PartitionStatus = field(default_factory=PartitionStatus)  # the newest listing
+    fresh: bool = False  # whether ``status`` was listed since the last launch
 
     def __post_init__(self) -> None:
         progress = self.progress
@@ -69,6 +78,24 @@ class PartitionJob:
 
     def done(self, partition: int) -> bool:
         return partition_done(self.store, self.fingerprint, partition)
+
+    def refresh(self, tasks: list[PartitionTask]) -> list[PartitionTask]:
+        """List the partitions of ``tasks`` (one batch of listings, see
+        :func:`partition_status`); the tasks not committed."""
+        self.status = partition_status(self.store, self.fingerprint, [t.partition for t in tasks])
+        self.fresh = True
+        return [t for t in tasks if t.partition not in self.status.committed]
+
+    def claim_states(self, tasks: list[PartitionTask]) -> dict[int, claims.ClaimState]:
+        """The claims the newest listing shows on ``tasks``, each read (its claim and newest
+        heartbeat) concurrently."""
+        held = [t.partition for t in tasks if t.partition in self.status.claims]
+
+        def inspect(p: int) -> claims.ClaimState:
+            where = partition_dir(self.fingerprint, p)
+            return claims.inspect_claim(self.store, where, self.status.claims[p])
+
+        return dict(zip(held, map_concurrently(inspect, held)))
 
     def done_elsewhere(self, count: int) -> None:
         """``count`` pending partitions were committed by other jobs."""
@@ -91,7 +118,7 @@ def compute_partitions(job: PartitionJob, engine: Engine, stage: Callable[..., A
     Exception
         The first partition's failure, with a note naming the partition.
     """
-    pending = [t for t in job.tasks if not job.done(t.partition)]
+    pending = job.refresh(job.tasks)
     job.finished = len(job.tasks) - len(pending)
     job.reporter.partitions(job.finished, len(job.tasks))
     if not pending:
@@ -162,9 +189,7 @@ def _run(
         if not running:
             if pending:  # every remaining partition is held by another job
                 job.clock.sleep(min(job.lease / 4, 2.0))
-                left = [t for t in pending if not job.done(t.partition)]
-                job.done_elsewhere(len(pending) - len(left))
-                pending[:] = left
+                pending[:] = _left(job, pending)
             continue
         timeout = min(job.lease / 4, 2.0) if waiting else None
         finished, _ = cf.wait(running, timeout=timeout, return_when=cf.FIRST_COMPLETED)
@@ -198,22 +223,33 @@ def _launch(
 
     Returns (whether some partition waits for another job, whether ``job.busy`` stopped us).
     """
+    if len(running) >= engine.workers:
+        job.waits.clear()
+        return False, False
+    if not job.fresh and any(t.partition in job.status.claims for t in pending):
+        pending[:] = _left(job, pending)  # other jobs held some: list again, all at once
+    listed, job.fresh = job.fresh, False
+    states = job.claim_states(pending) if listed else {}
     waiting = False
     job.waits.clear()
     for task in list(pending):
         if len(running) >= engine.workers:
             break
         p = task.partition
-        if job.done(p):
+        # Listed just now, a partition needs no request of its own to know its status; from
+        # an older listing, ask whether it was committed since.
+        if p in job.status.committed or (not listed and job.done(p)):
             pending.remove(task)
             job.done_elsewhere(1)
             continue
+        observed = states.get(p, claims.ClaimState()) if listed else None
         claim, state = claims.acquire(
             job.store,
             partition_dir(job.fingerprint, p),
             lease=job.lease,
             clock=job.clock,
             watched=job.watched.setdefault(p, {"lease": job.lease}),
+            observed=observed,
         )
         if claim is None:
             if job.busy(p, state):
@@ -242,6 +278,13 @@ def _launch(
         running[future] = (p, claim)
         pending.remove(task)
     return waiting, False
+
+
+def _left(job: PartitionJob, pending: list[PartitionTask]) -> list[PartitionTask]:
+    """``pending`` less the partitions committed since, from a new listing."""
+    left = job.refresh(pending)
+    job.done_elsewhere(len(pending) - len(left))
+    return left
 
 
 def _report_waits(job: PartitionJob) -> None:

@@ -12,13 +12,16 @@ the partitions' in order, whoever computed each.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
 from . import format as fmt
+from .claims import CLAIMS_DIR
 from .errors import FormatError, SchemaError
 from .inference import merge_stored
+from .listing import list_prefixes, listing_workers, map_concurrently
 from .reader import SnapshotReader
 from .schema import Schema
 from .store import Store
@@ -32,7 +35,14 @@ from .writer import (
     publish,
 )
 
-__all__ = ["commit_partitions", "partition_dir", "partition_done", "write_partition"]
+__all__ = [
+    "PartitionStatus",
+    "commit_partitions",
+    "partition_dir",
+    "partition_done",
+    "partition_status",
+    "write_partition",
+]
 
 PARTS_DIR = "parts"
 
@@ -45,6 +55,63 @@ def partition_dir(fingerprint: str, partition: int) -> str:
 def partition_done(store: Store, fingerprint: str, partition: int) -> bool:
     """Whether the partition is committed."""
     return store.exists(f"{partition_dir(fingerprint, partition)}/{fmt.COMMIT_NAME}")
+
+
+@dataclass(frozen=True)
+class PartitionStatus:
+    """What listings say about a partitioned stage's partitions.
+
+    Attributes
+    ----------
+    committed : frozenset of int
+        The partitions with a commit record.
+    claims : dict
+        For each partition not committed whose claims directory holds files, their names (to
+        judge the claim with :func:`snapstore.claims.inspect_claim`); partitions with no claim
+        file are absent.
+    """
+
+    committed: frozenset[int] = frozenset()
+    claims: dict[int, list[str]] = field(default_factory=dict)
+
+
+# Partitions per prefix listing, at least: 10**2, so that a listing of partitions of a few
+# shards each fits one page of 1,000 objects. Coarser (10**3, ...) only when finer would take
+# more listings than are sent at once (listing_workers), i.e. beyond 12,800 partitions.
+_MIN_GROUP_DIGITS = 2
+
+
+def status_prefixes(partitions: Iterable[int]) -> list[str]:
+    """Prefixes (of the ``parts`` directory's names) that together cover ``partitions``: as
+    fine as lets all their listings be in flight at once."""
+    names = {partition_dir("", p).rsplit("/", 1)[-1] for p in partitions}
+    for digits in range(_MIN_GROUP_DIGITS, 8):
+        prefixes = {name[: max(len(name) - digits, 0)] for name in names}
+        if len(prefixes) <= listing_workers:
+            break
+    return sorted(prefixes)
+
+
+def partition_status(store: Store, fingerprint: str, partitions: Iterable[int]) -> PartitionStatus:
+    """Which of ``partitions`` are committed and which have claim files, from listings of the
+    ``parts`` directory (:func:`status_prefixes`) sent all at once: about
+    ``ceil(objects per listing / 1000)`` round trips on an object store, not one per
+    partition."""
+    wanted = {partition_dir("", p).rsplit("/", 1)[-1]: p for p in partitions}
+    tree = list_prefixes(store, f"{fingerprint}/{PARTS_DIR}", status_prefixes(wanted.values()))
+    committed: set[int] = set()
+    claimed: dict[int, list[str]] = {}
+    for rel in tree:
+        name, _, inside = rel.partition("/")
+        p = wanted.get(name)
+        if p is None:
+            continue
+        if inside == fmt.COMMIT_NAME:
+            committed.add(p)
+        elif inside.startswith(f"{CLAIMS_DIR}/") and not inside.endswith("/"):
+            claimed.setdefault(p, []).append(inside[len(CLAIMS_DIR) + 1 :])
+    claims = {p: sorted(n) for p, n in claimed.items() if p not in committed}
+    return PartitionStatus(frozenset(committed), claims)
 
 
 def write_partition(
@@ -113,14 +180,15 @@ def commit_partitions(
     ids = list(range(partitions)) if isinstance(partitions, int) else [int(p) for p in partitions]
     if len(set(ids)) != len(ids):
         raise ValueError(f"partitions: expected distinct partition ids, found {ids}")
-    readers = []
+    committed = partition_status(store, fingerprint, ids).committed
     for p in ids:
-        if not partition_done(store, fingerprint, p):
+        if p not in committed:
             raise FormatError(
                 f"partition {p} of {fingerprint} under {store.url} is not committed; "
                 "compute it before assembling the snapshot"
             )
-        readers.append(SnapshotReader(store, partition_dir(fingerprint, p)))
+    # One reader per partition (commit record, manifest, index), opened concurrently.
+    readers = map_concurrently(lambda p: SnapshotReader(store, partition_dir(fingerprint, p)), ids)
     merged = _merged_schema(readers, ids, schema, fingerprint)
     index, shards = _joined(readers, fingerprint)
     index_bytes = fmt.write_index(index)

@@ -37,10 +37,15 @@ from fsspec.spec import AbstractBufferedFile
 from fsspec.utils import stringify_path
 
 from .store import FsspecStore, LocalStore, Store, open_store
+from .trees import takes_prefix
 
-__all__ = ["LatencyFileSystem", "Request", "round_trips", "simulated_store"]
+__all__ = ["LIST_PAGE", "LatencyFileSystem", "Request", "round_trips", "simulated_store"]
 
 T = TypeVar("T")
+
+# Objects per page of a listing without delimiter: the most GCS (maxResults) and S3 (MaxKeys)
+# return per request. A recursive listing of n objects takes ceil(n / 1000) round trips.
+LIST_PAGE = 1000
 
 # fsspec's async backends (gcsfs, s3fs) gather at most this many requests of one cat_ranges call
 # at a time by default (fsspec.asyn._DEFAULT_BATCH_SIZE); the simulation does the same.
@@ -350,6 +355,39 @@ class LatencyFileSystem(fsspec.AbstractFileSystem):  # type: ignore[misc]
     def ls(self, path: str, detail: bool = True, **kwargs: Any) -> list[Any]:
         """One request: the target's listing."""
         return list(self._forward("ls", path, detail=detail, **kwargs))
+
+    def find(
+        self,
+        path: str,
+        maxdepth: int | None = None,
+        withdirs: bool = False,
+        detail: bool = False,
+        prefix: str = "",
+        **kwargs: Any,
+    ) -> Any:
+        """A recursive listing as an object store pages it: one request per :data:`LIST_PAGE`
+        files, one page after another. ``prefix`` keeps the keys under ``path`` that start
+        with it (the service filters: only those count)."""
+        target = self._strip_protocol(path).rstrip("/")
+        options = dict(kwargs, maxdepth=maxdepth, withdirs=withdirs, detail=True)
+        found = self._request(lambda: self._find(target, prefix, options), "find", target)
+        files = sum(1 for info in found.values() if info.get("type") != "directory")
+        for _ in range(1, math.ceil(files / LIST_PAGE)):
+            self._request(lambda: None, "find", target)  # the next page
+        return found if detail else sorted(found)
+
+    def _find(self, target: str, prefix: str, options: dict[str, Any]) -> dict[str, Any]:
+        if not prefix:
+            return dict(self.fs.find(target, **options))
+        if takes_prefix(self.fs):
+            return dict(self.fs.find(target, prefix=prefix, **options))
+        start = f"{target}/{prefix}"
+        base = start.rsplit("/", 1)[0]
+        try:
+            found = self.fs.find(base, **options)
+        except FileNotFoundError:
+            return {}
+        return {k: v for k, v in found.items() if k.startswith(start)}
 
     def exists(self, path: str, **kwargs: Any) -> bool:
         """One request."""

@@ -38,6 +38,7 @@ from typing import IO, Any, TypeVar
 from .errors import StoreError
 from .retry import _KIND_ERRNOS, _KIND_HINTS, RetryPolicy, _classify, _http_status, _no_such_bucket
 from .roots import refuse_file_root, refuse_mistyped_url
+from .trees import find_tree, walk_local, walk_store
 
 __all__ = [
     "ATOMIC_CREATE_PROTOCOLS",
@@ -158,6 +159,15 @@ class Store(ABC):
     @abstractmethod
     def is_dir(self, path: str) -> bool:
         """Whether ``path`` is a directory."""
+
+    def list_tree(self, path: str, prefix: str = "") -> dict[str, int]:
+        """Every file under directory ``path`` whose path relative to it starts with
+        ``prefix``: ``{relative path: size}``, from one recursive listing where the store has
+        one (object stores: a listing without delimiter, 1,000 objects a page; see
+        :mod:`snapstore.trees`). A directory holding no file appears as ``"name/"`` with size
+        0; a missing ``path`` lists as ``{}``. Files added or removed meanwhile may or may not
+        appear, as in any listing."""
+        return walk_store(self, path, prefix)
 
     def remove_empty_dir(self, path: str) -> bool:
         """Remove a directory only if it is empty, in one step that fails once another job has
@@ -314,6 +324,10 @@ class LocalStore(Store):
     def size(self, path: str) -> int:
         with _translated("stat", self.join(path)):
             return self._path(path).stat().st_size
+
+    def list_tree(self, path: str, prefix: str = "") -> dict[str, int]:
+        with _translated("list", self.join(path)):
+            return walk_local(str(self._path(path)), prefix)
 
     def remove_tree(self, path: str) -> None:
         target = self._path(path)
@@ -524,6 +538,11 @@ class FsspecStore(Store):
     def size(self, path: str) -> int:
         target = self._path(path)
         return int(self._call("stat", path, lambda: self.fs.size(target)))
+
+    def list_tree(self, path: str, prefix: str = "") -> dict[str, int]:
+        target = self._path(path).rstrip("/")
+        self._forget(target)
+        return self._call("list", path, lambda: find_tree(self.fs, target, prefix))
 
     def disk_usage(self, path: str) -> int:
         # One recursive listing (a single paged request on object stores), not one per file.

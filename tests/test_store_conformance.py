@@ -28,6 +28,7 @@ from servers import child_env
 
 import snapstore
 from snapstore.errors import StoreError
+from snapstore.listing import ListedStore
 from snapstore.simulate import simulated_store
 from snapstore.store import (
     ATOMIC_CREATE_PROTOCOLS,
@@ -89,6 +90,50 @@ class StoreConformance:
         assert store.list_dir("d") == ["a", "x", "y"]
         assert store.list_dir("d/y") == ["z"]
         assert store.list_dir("nothing") == [] and store.list_dir("d/nothing") == []
+
+    def test_list_tree(self, backend: Backend) -> None:
+        store = backend.store
+        files = {"t/a.bin": DATA, "t/sub/b": DATA[:10], "t/sub/deep/c": b"", "t2/x": b"x"}
+        for name, data in files.items():
+            store.write_bytes(name, data)
+        whole = {"a.bin": len(DATA), "sub/b": 10, "sub/deep/c": 0}
+        assert store.list_tree("t") == whole
+        assert store.list_tree("t", "sub/") == {"sub/b": 10, "sub/deep/c": 0}
+        assert store.list_tree("t", "su") == store.list_tree("t", "sub/")
+        assert store.list_tree("t", "sub/deep/c") == {"sub/deep/c": 0}
+        assert store.list_tree("t", "a") == {"a.bin": len(DATA)}  # not t2/x: under t only
+        assert store.list_tree("t", "zz") == {} and store.list_tree("missing") == {}
+        root = store.list_tree("")
+        assert {k: v for k, v in root.items() if k.startswith("t")} == {
+            **{f"t/{k}": v for k, v in whole.items()},
+            "t2/x": 1,
+        }
+
+    def test_list_tree_shows_empty_directories_where_the_store_has_them(
+        self, backend: Backend
+    ) -> None:
+        store = backend.store
+        store.write_bytes("e/sub/f", b"x")
+        store.remove_tree("e/sub/f")
+        tree = store.list_tree("e")
+        assert tree in ({}, {"sub/": 0})  # object stores have no directories
+        assert ("sub/" in tree) == store.exists("e/sub")
+
+    def test_a_listed_store_answers_as_the_store(self, backend: Backend) -> None:
+        store = backend.store
+        for name in ("fp/COMMIT", "fp/runs/r1/shard", "fp/parts/000001/COMMIT", "other/x"):
+            store.write_bytes(name, name.encode())
+        listed = ListedStore(store, "fp", store.list_tree("fp"))
+        for path in ("fp", "fp/runs", "fp/runs/r1", "fp/parts/000001", "fp/COMMIT", "fp/no"):
+            assert listed.exists(path) == store.exists(path), path
+            assert listed.is_dir(path) == store.is_dir(path), path
+        for path in ("fp", "fp/runs", "fp/runs/r1", "fp/parts", "fp/no"):  # directories
+            assert listed.list_dir(path) == store.list_dir(path), path
+            assert listed.disk_usage(path) == store.disk_usage(path), path
+        assert listed.size("fp/runs/r1/shard") == store.size("fp/runs/r1/shard")
+        assert listed.list_tree("fp", "runs/") == store.list_tree("fp", "runs/")
+        assert listed.list_dir("other") == ["x"]  # outside the listing: asks the store
+        assert bytes(listed.read_bytes("fp/COMMIT")) == b"fp/COMMIT"
 
     def test_missing_paths(self, backend: Backend) -> None:
         store = backend.store
