@@ -14,6 +14,7 @@ from .claims import inspect_claim
 from .errors import AmbiguousFingerprintError, BusyError, FormatError, SnapshotNotFoundError
 from .explain import diff_parts
 from .fingerprint import Fingerprint
+from .listing import ListedStore, fingerprint_trees, map_concurrently
 from .partitions import PARTS_DIR
 from .pins import last_read, list_pins, live_pins
 from .reader import load_manifest
@@ -95,22 +96,30 @@ def describe(store: Store, fingerprint: str) -> dict[str, Any]:
 def _partitions_written(store: Store, fingerprint: str, now: float) -> tuple[int, str | None]:
     """How many partitions of an uncommitted partitioned snapshot are committed, and who holds
     a live claim on one still being computed (None if nobody)."""
-    done, writer = 0, None
-    for name in store.list_dir(f"{fingerprint}/{PARTS_DIR}"):
-        where = f"{fingerprint}/{PARTS_DIR}/{name}"
-        if not fmt.is_plain_name(name):
-            continue
-        if store.exists(f"{where}/{fmt.COMMIT_NAME}"):
-            done += 1
-        elif writer is None:
-            claim = inspect_claim(store, where)
-            writer = None if claim.expired(now) else claim.describe()
-    return done, writer
+    names = [n for n in store.list_dir(f"{fingerprint}/{PARTS_DIR}") if fmt.is_plain_name(n)]
+    wheres = [f"{fingerprint}/{PARTS_DIR}/{name}" for name in names]
+    open_ = [w for w in wheres if not store.exists(f"{w}/{fmt.COMMIT_NAME}")]
+    # Each claim read concurrently; the first live one (in partition order) names the writer.
+    states = map_concurrently(lambda where: inspect_claim(store, where), open_)
+    writer = next((s.describe() for s in states if not s.expired(now)), None)
+    return len(wheres) - len(open_), writer
 
 
 def list_snapshots(store: Store) -> list[dict[str, Any]]:
-    """Summaries of every snapshot directory (committed or not) under the root, by fingerprint."""
-    return [describe(store, name) for name in list_fingerprints(store, committed_only=False)]
+    """Summaries of every snapshot directory (committed or not) under the root, by fingerprint.
+
+    The directories are listed once (:func:`snapstore.listing.fingerprint_trees`), and the
+    snapshots described concurrently from those listings: only their reads (commit records,
+    manifests, pins, claims) are requests of their own.
+    """
+    trees = fingerprint_trees(store)
+    names = [fp for fp, tree in trees.items() if _holds_snapshot(tree)]
+    return map_concurrently(lambda fp: describe(ListedStore(store, fp, trees[fp]), fp), names)
+
+
+def _holds_snapshot(tree: dict[str, int]) -> bool:
+    """A commit record, runs or partitions: what :func:`list_fingerprints` looks for."""
+    return any(k == fmt.COMMIT_NAME or k.startswith(("runs/", f"{PARTS_DIR}/")) for k in tree)
 
 
 def remove_snapshot(store: Store, fingerprint: str, *, respect_pins: bool = True) -> int:
@@ -180,18 +189,19 @@ def diff_snapshots(store: Store, a: str, b: str) -> dict[str, Any]:
 
 def previous_of_stage(store: Store, stage: str, exclude: str) -> str | None:
     """The most recently created committed snapshot of ``stage`` other than ``exclude``."""
-    best: tuple[str, str] | None = None
-    for fp in list_fingerprints(store):
-        if fp == exclude:
-            continue
+
+    def stage_of(fp: str) -> tuple[Any, str] | None:  # not the manifest: it may be large
         try:
             manifest = load_manifest(store, fp)
         except FormatError:
-            continue  # a damaged snapshot explains nothing; `snapstore verify` reports it
-        if manifest.get("stage") == stage:
-            created = str(manifest.get("created_at", ""))
-            if best is None or created > best[0]:
-                best = (created, fp)
+            return None  # a damaged snapshot explains nothing; `snapstore verify` reports it
+        return manifest.get("stage"), str(manifest.get("created_at", ""))
+
+    best: tuple[str, str] | None = None
+    fps = [fp for fp in list_fingerprints(store) if fp != exclude]
+    for fp, found in zip(fps, map_concurrently(stage_of, fps)):  # read concurrently
+        if found is not None and found[0] == stage and (best is None or found[1] > best[0]):
+            best = (found[1], fp)
     return best[1] if best else None
 
 
@@ -202,15 +212,14 @@ def list_fingerprints(store: Store, *, committed_only: bool = True) -> list[str]
     or left by a crash) are included too.
     """
     names = [n for n in store.list_dir("") if fmt.is_plain_name(n)]
-    if committed_only:
-        return [n for n in names if store.exists(f"{n}/{fmt.COMMIT_NAME}")]
-    return [
-        n
-        for n in names
-        if store.exists(f"{n}/{fmt.COMMIT_NAME}")
-        or store.exists(f"{n}/runs")
-        or store.exists(f"{n}/{PARTS_DIR}")
-    ]
+
+    def wanted(name: str) -> bool:  # the existence checks of all names run concurrently
+        if store.exists(f"{name}/{fmt.COMMIT_NAME}"):
+            return True
+        others = () if committed_only else ("runs", PARTS_DIR)
+        return any(store.exists(f"{name}/{other}") for other in others)
+
+    return [n for n, keep in zip(names, map_concurrently(wanted, names)) if keep]
 
 
 def resolve_fingerprint(store: Store, prefix: str, *, committed_only: bool = True) -> str:

@@ -38,6 +38,7 @@ from typing import Any
 from . import format as fmt
 from .claims import CLAIMS_DIR, inspect_claim
 from .errors import FormatError
+from .listing import ListedStore, fingerprint_trees, map_concurrently
 from .partitions import PARTS_DIR, partition_dir
 from .pins import PIN_NAME, PINS_DIR, list_pins, live_pins
 from .reader import load_manifest
@@ -88,13 +89,22 @@ def find_garbage(
     if min_age < 0:
         raise ValueError(f"min_age: expected seconds >= 0, found {min_age!r}")
     now = time.time() if now is None else now
-    found: list[Garbage] = []
-    for fingerprint in store.list_dir(""):
-        if fmt.is_plain_name(fingerprint) and store.is_dir(fingerprint):
-            parts, parts_left = _parts_garbage(store, fingerprint, min_age, now)
-            found.extend(parts)
-            found.extend(_fingerprint_garbage(store, fingerprint, min_age, now, parts_left))
-    return found
+    clock: float = now
+    # One listing per fingerprint, all at once; then each judged from its listing, with only
+    # its reads (commit records, manifests, claims, pins) as requests, fingerprints in parallel.
+    trees = [(fp, tree) for fp, tree in fingerprint_trees(store).items() if tree]
+
+    def scan(item: tuple[str, dict[str, int]]) -> list[Garbage]:
+        fp, tree = item
+        listed = ListedStore(store, fp, tree)
+        parts, parts_left = _parts_garbage(listed, fp, min_age, clock)
+        return parts + _fingerprint_garbage(listed, fp, min_age, clock, parts_left)
+
+    return [g for found in map_concurrently(scan, trees, _SCAN_WORKERS) for g in found]
+
+
+# Fingerprints judged at once; each judges up to listing_workers partitions at once.
+_SCAN_WORKERS = 16
 
 
 _OURS = {fmt.COMMIT_NAME, "runs", CLAIMS_DIR, PARTS_DIR, PINS_DIR}
@@ -117,23 +127,22 @@ def _parts_garbage(store: Store, fp: str, min_age: float, now: float) -> tuple[l
             return [], True  # damaged: for verify and rm, never for gc
         used = _used_partitions(manifest)
     live = used is None and not inspect_claim(store, fp).expired(now)
-    found: list[Garbage] = []
-    left = False
-    for name in names:
+
+    def judge(name: str) -> tuple[list[Garbage], bool]:
+        """The garbage in partition ``name``, and whether anything of it is left."""
         path = f"{fp}/{PARTS_DIR}/{name}"
         if not fmt.is_plain_name(name):
-            left = True
-            continue
+            return [], True
         why = _partition_reason(store, path, name, used, live, min_age, now)
         if why is not None:
-            found.append(Garbage(path, "partition", why, store.disk_usage(path)))
-        elif live and _job_partition(name):
-            left = True  # a running Ray Data job's: its claim covers everything in it
-        else:
-            inner = _fingerprint_garbage(store, path, min_age, now)
-            found.extend(inner)
-            left = left or all(g.path != path for g in inner)
-    return found, left
+            return [Garbage(path, "partition", why, store.disk_usage(path))], False
+        if live and _job_partition(name):
+            return [], True  # a running Ray Data job's: its claim covers everything in it
+        inner = _fingerprint_garbage(store, path, min_age, now)
+        return inner, all(g.path != path for g in inner)
+
+    judged = map_concurrently(judge, names)  # partitions' reads concurrently, kept in order
+    return [g for found, _ in judged for g in found], any(left for _, left in judged)
 
 
 def _used_partitions(manifest: dict[str, Any]) -> set[str]:

@@ -17,9 +17,16 @@ import concurrent.futures as cf
 from collections.abc import Callable, Mapping, Sequence
 from typing import IO, Any, TypeVar
 
+from . import format as fmt
 from .store import Store
 
-__all__ = ["ListedStore", "list_prefixes", "listing_workers", "map_concurrently"]
+__all__ = [
+    "ListedStore",
+    "fingerprint_trees",
+    "list_prefixes",
+    "listing_workers",
+    "map_concurrently",
+]
 
 T = TypeVar("T")
 R = TypeVar("R")
@@ -47,6 +54,14 @@ def list_prefixes(store: Store, path: str, prefixes: Sequence[str]) -> dict[str,
     for tree in map_concurrently(lambda p: store.list_tree(path, p), sorted(set(prefixes))):
         found.update(tree)
     return found
+
+
+def fingerprint_trees(store: Store) -> dict[str, dict[str, int]]:
+    """Every fingerprint directory under the root (plain names) with the tree of its files:
+    one listing of the root, then one recursive listing per fingerprint, all in flight at
+    once. A name that is a file, or an empty directory, has an empty tree."""
+    names = [n for n in store.list_dir("") if fmt.is_plain_name(n)]
+    return dict(zip(names, map_concurrently(store.list_tree, names)))
 
 
 # -- answering from a listing ------------------------------------------------------------------
