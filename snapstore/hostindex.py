@@ -132,7 +132,7 @@ def load(fingerprint: str, run: str, entry: Mapping[str, Any]) -> HostIndex | No
     path = copy_path(fingerprint, run, entry)
     try:
         fd = os.open(path, os.O_RDONLY)
-    except FileNotFoundError:
+    except (FileNotFoundError, NotADirectoryError):
         return None
     except OSError as exc:
         _warn_once(path.parent, f"cannot open {path} ({exc}); reading the index from the store")

@@ -115,3 +115,22 @@ def test_bench_validate_smoke() -> None:
     assert out.returncode == 0, out.stderr
     lines = out.stdout.splitlines()[1:]
     assert len(lines) == 16 and all(float(line.split()[-1]) > 0 for line in lines), out.stdout
+
+
+def test_bench_fleet_index_smoke(tmp_path: Path) -> None:
+    script = BENCH.parent / "bench_fleet_index.py"
+    cmd = [sys.executable, str(script), "--blocks", "20000", "--processes", "2"]
+    out = subprocess.run(
+        [*cmd, "--tmp", str(tmp_path)], capture_output=True, text=True, timeout=600
+    )
+    assert out.returncode == 0, out.stderr
+    for label in (
+        "index in memory (no per-host copy)",
+        "per-host copy, first reader",
+        "per-host copy, later reader",
+        "2 readers together, slowest",
+        "index copy in page cache (MB, once per host)",
+        "(2 x anon + copy) / (2 x one + copy)",
+    ):
+        assert label in out.stdout, out.stdout
+    assert list(tmp_path.iterdir()) == []  # the scratch directory is removed
