@@ -15,11 +15,11 @@ the manifest, so a new commit never meets a copy of an older one. Layout (little
     rows     blocks x 48 bytes: the decoded index
     offsets  (blocks + 1) x 8 bytes: int64 cumulative rows, starting at 0
 
-It is written to a temporary file in the same directory and renamed into place, so processes
-racing to create it each write a complete file and the last rename wins (their contents are
-equal). Opening checks the header against the manifest and the file size (one small read, no
-scan of the body); :func:`verify` also checks the body's CRC-32. A copy that fails a check is
-removed and the index read again from the store.
+It is written to a temporary file in the same directory, flushed to disk and renamed into
+place, so processes racing to create it each write a complete file and the last rename wins
+(their contents are equal). Opening checks the header against the manifest and the file size
+(one small read, no scan of the body); :func:`verify` also checks the body's CRC-32. A copy
+that fails a check is removed and the index read again from the store.
 """
 
 from __future__ import annotations
@@ -224,7 +224,9 @@ def create(
     try:
         with os.fdopen(fd, "r+b") as file:
             blocks = _write(file.fileno(), data, check, entry, str(path))
-            file.flush()
+            # On disk before it is named: opening checks the header and size, not the body, so
+            # a power loss must not leave a whole-looking copy with pages never written.
+            os.fsync(file.fileno())
             mapped = mmap.mmap(file.fileno(), 0, access=mmap.ACCESS_READ)
         os.replace(temp, path)
     except OSError as exc:

@@ -234,13 +234,14 @@ class SnapshotReader:
                 self._index_data = None
                 return self._checked_counts(found.index, where), found.offsets
         data = self._index_bytes(name, where)
+        sizes = np.array([int(s.get("size", -1)) for s in self.manifest["shards"]], dtype=np.int64)
+        check = functools.partial(self._check_rows, where=where, sizes=sizes)
         if shared:
-            check = functools.partial(self._check_rows, where=where)
             made = hostindex.create(self.fingerprint, self.manifest["run"], meta, data, check)
             if made is not None:
                 return self._checked_counts(made.index, where), made.offsets
         index = fmt.read_index(data, where)
-        self._check_rows(index, where)
+        check(index)
         offsets = np.zeros(len(index) + 1, dtype=np.int64)
         np.cumsum(index["rows"].astype(np.int64), out=offsets[1:])
         return self._checked_counts(index, where), offsets
@@ -257,9 +258,10 @@ class SnapshotReader:
             )
         return data
 
-    def _check_rows(self, index: np.ndarray[Any, Any], where: str) -> None:
-        """Raise if rows of the index point outside the snapshot's shards."""
-        sizes = np.array([int(s.get("size", -1)) for s in self.manifest["shards"]], dtype=np.int64)
+    def _check_rows(
+        self, index: np.ndarray[Any, Any], where: str, sizes: np.ndarray[Any, Any]
+    ) -> None:
+        """Raise if rows of the index point outside the snapshot's shards (of ``sizes`` bytes)."""
         if len(index) and (
             int(index["shard"].max()) >= len(self.shard_paths)
             or bool(
