@@ -42,6 +42,7 @@ __all__ = [
     "derive_key",
     "permute",
     "shuffle_quality",
+    "unpermute_one",
     "window_permutation",
 ]
 
@@ -147,7 +148,21 @@ def _feistel_keys(n: int, key: int) -> tuple[int, list[int]]:
 
 def unpermute_one(value: int, n: int, key: int) -> int:
     """The position ``i`` with ``permute([i], n, key)[0] == value``: the network run backwards
-    (each round undone, last round first), cycle-walking until inside ``[0, n)``."""
+    (each round undone, last round first), cycle-walking until inside ``[0, n)``.
+
+    An epoch plan uses it to find where one block lands in the block order without computing
+    the order (O(1) memory, a few microseconds).
+
+    Raises
+    ------
+    ValueError
+        If ``value`` is outside ``[0, n)``.
+
+    Examples
+    --------
+    >>> unpermute_one(int(permute([7], 100, key=3)[0]), 100, key=3)
+    7
+    """
     value, n = operator.index(value), operator.index(n)
     if not 0 <= value < n:
         raise ValueError(f"unpermute_one: expected 0 <= value < {n}, found {value}")
