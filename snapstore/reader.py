@@ -20,6 +20,7 @@ import threading
 from collections.abc import Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -198,6 +199,8 @@ class SnapshotReader:
         self.schema = Schema.from_json(self.manifest["schema"])
         self._arrow_schema = self.schema.arrow_schema()
         self.shard_paths = [self._shard_path(s) for s in self.manifest["shards"]]
+        self.index_copy: Path | None = None
+        """The per-host index copy the index is mapped from (None: it is in memory)."""
         self.index, self.offsets = self._load_index()
         if int(self.offsets[-1]) != int(self.manifest["num_samples"]):
             raise FormatError(
@@ -231,7 +234,7 @@ class SnapshotReader:
         if shared:
             found = hostindex.load(self.fingerprint, self.manifest["run"], meta)
             if found is not None:
-                self._index_data = None
+                self._index_data, self.index_copy = None, found.path
                 return self._checked_counts(found.index, where), found.offsets
         data = self._index_bytes(name, where)
         sizes = np.array([int(s.get("size", -1)) for s in self.manifest["shards"]], dtype=np.int64)
@@ -239,6 +242,7 @@ class SnapshotReader:
         if shared:
             made = hostindex.create(self.fingerprint, self.manifest["run"], meta, data, check)
             if made is not None:
+                self.index_copy = made.path
                 return self._checked_counts(made.index, where), made.offsets
         index = fmt.read_index(data, where)
         check(index)

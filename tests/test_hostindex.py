@@ -100,7 +100,7 @@ def test_made_once_then_mapped_without_reading_the_index(built, index_dir: Path)
         assert not reader.index.flags.writeable and not reader.offsets.flags.writeable
         assert len(reader) == 997 and reader.sample(500)["id"] == 500
     copy = the_copy(index_dir)
-    assert hostindex.verify(copy)
+    assert hostindex.verify(copy) and first.index_copy == second.index_copy == copy
     run = second.manifest["run"]
     assert hostindex.cached(built[1], run, second.manifest["index"]) == copy
     assert hostindex.exists(built[1], run) and not hostindex.exists(built[1], "other-run")
@@ -123,7 +123,7 @@ def test_batches_from_the_copy_equal_those_from_memory(
 def test_below_the_threshold_nothing_is_written(built, index_dir: Path, monkeypatch) -> None:
     monkeypatch.setattr(hostindex, "MIN_BLOCKS", 41)  # the snapshot has 40 blocks
     reader, store = open_reader(built)
-    assert index_reads(store) == 1 and not index_dir.exists()
+    assert index_reads(store) == 1 and not index_dir.exists() and reader.index_copy is None
     assert reader.index.flags.owndata or not isinstance(reader.index.base, memoryview)
 
 
