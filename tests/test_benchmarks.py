@@ -134,3 +134,14 @@ def test_bench_fleet_index_smoke(tmp_path: Path) -> None:
     ):
         assert label in out.stdout, out.stdout
     assert list(tmp_path.iterdir()) == []  # the scratch directory is removed
+
+
+def test_bench_listing_smoke() -> None:
+    script = BENCH.parent / "bench_listing.py"
+    cmd = [sys.executable, str(script), "--partitions", "300", "--claimed", "10"]
+    cmd += ["--sample", "20", "--ttfb", "0.01"]
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    for label in ("per-partition exists (20 timed, x15)", "partition status: prefix listings"):
+        assert label in out.stdout, out.stdout
+    assert "target: status in <= 3 round trips" in out.stdout
