@@ -242,6 +242,7 @@ class BatchReader:
         self._stats = ReadStats()
         self._prefetcher = self.reader.prefetch(
             self.plan.chunks(start),
+            first_part=self.batch_size,
             budget_bytes=self.prefetch_bytes,
             max_requests=self.max_requests,
             decode_threads=self.decode_threads,
@@ -265,8 +266,10 @@ class BatchReader:
                 buffered += len(idx)
                 while buffered >= self.batch_size:
                     buffered -= self.batch_size
+                    self.reader.check_kept()
                     yield self._emit(pieces, self.batch_size)
             if buffered and not self.options.drop_last:
+                self.reader.check_kept()
                 yield self._emit(pieces, buffered)
         finally:
             if self._prefetcher is prefetcher:

@@ -8,6 +8,7 @@ clauses keep working::
     ├── SchemaError(SnapstoreError, TypeError)        a sample does not fit the schema
     ├── FingerprintError(SnapstoreError, TypeError)   a value or function cannot be hashed
     ├── SnapshotNotFoundError(SnapstoreError, FileNotFoundError)
+    │   └── SnapshotRemovedError                      removed (rm, gc) while being opened
     ├── SnapshotExistsError(SnapstoreError, FileExistsError)   a write of a committed snapshot
     ├── AmbiguousFingerprintError(SnapstoreError, KeyError)
     ├── FormatError(SnapstoreError, ValueError)       a file is not what the format says
@@ -33,6 +34,7 @@ __all__ = [
     "SchemaError",
     "SnapshotExistsError",
     "SnapshotNotFoundError",
+    "SnapshotRemovedError",
     "SnapstoreError",
     "StageError",
     "StoreError",
@@ -53,6 +55,11 @@ class FingerprintError(SnapstoreError, TypeError):
 
 class SnapshotNotFoundError(SnapstoreError, FileNotFoundError):
     """No committed snapshot matches the fingerprint under the given root."""
+
+
+class SnapshotRemovedError(SnapshotNotFoundError):
+    """The snapshot a reader had opened was removed (``snapstore rm``, ``gc``) or replaced
+    before the reader's pin was confirmed; what was already read is intact."""
 
 
 class AmbiguousFingerprintError(SnapstoreError, KeyError):

@@ -6,7 +6,10 @@ copy of the parent's memory (``fork``, Linux's default); either way, the first r
 process other than the one that opened the snapshot opens it anew there, through
 :func:`reopen`, which rebuilds the store's filesystem for that process. The parent's open
 snapshot (memory maps, decode caches, the event loop of an async filesystem) is never used by
-a child. :func:`portable` and :func:`reopen` also carry stores to engine and Ray workers.
+a child. What the parent read and verified (commit record, manifest, a block index of up to
+16 MiB) travels with the handle, so a worker makes no metadata request: it relies on the
+parent's pin (see :mod:`snapstore.pins`). :func:`portable` and :func:`reopen` also carry stores
+to engine and Ray workers.
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ import pickle
 from typing import TYPE_CHECKING, Any
 
 from .cache import BlockCache, CachedStore
+from .reader import SnapshotMetadata
 from .store import FsspecStore, LocalStore, Store
 
 if TYPE_CHECKING:
@@ -45,6 +49,7 @@ class SnapshotHandle:
         self.root = portable(snapshot.store, destination)
         self._opened: Snapshot | None = snapshot
         self._pid = os.getpid()
+        self._metadata: SnapshotMetadata | None = None  # what the sending process read
 
     @classmethod
     def of(
@@ -74,18 +79,39 @@ class SnapshotHandle:
         return cls(snap, destination)
 
     def open(self) -> Snapshot:
-        """The snapshot, opened in this process (again, after a fork or in a new process)."""
+        """The snapshot, opened in this process (again, after a fork or in a new process).
+
+        A snapshot opened in another process starts from the metadata the sending process had
+        read and verified (commit record, manifest, index), and relies on that process's pin:
+        it makes no request before its first block.
+        """
         if self._opened is None or self._pid != os.getpid():
             from .snapshot import Snapshot
 
             # A forked child drops the parent's copy without closing it: its threads and
-            # locks belong to the parent.
-            self._opened = Snapshot(reopen(self.root), self.fingerprint)
-            self._pid = os.getpid()
+            # locks belong to the parent (its metadata is plain data, and ours to reuse).
+            metadata = self._metadata if self._opened is None else self._sent()
+            snap = Snapshot(reopen(self.root), self.fingerprint)
+            if metadata is not None:
+                snap._metadata, snap._hit_logged = metadata, True
+                snap._pinned_elsewhere = True
+            self._opened, self._pid, self._metadata = snap, os.getpid(), None
         return self._opened
 
+    def _sent(self) -> SnapshotMetadata | None:
+        """What the sending process read, if it read the snapshot (and pinned it)."""
+        opened = self._opened
+        if opened is None:
+            return self._metadata
+        if self._pid == os.getpid():
+            opened._open()  # read, and pinned, by this process for as long as its workers read
+        guard = opened._guard  # in a forked child: the parent's, started there or not at all
+        if guard is None or not guard.started:  # not pinned there: each process pins itself
+            return None
+        return opened.shareable_metadata()
+
     def __getstate__(self) -> dict[str, Any]:
-        return {**self.__dict__, "_opened": None}
+        return {**self.__dict__, "_opened": None, "_metadata": self._sent()}
 
 
 def portable(store: Store, destination: str) -> tuple[Any, ...]:

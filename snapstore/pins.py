@@ -13,10 +13,14 @@ A pin is **live** while its newest renewal is younger than its lease by the obse
 clock, unless its process is known to be gone (same host, no such pid). Pins cost one small
 write per open and one per renewal; a reader without write access reads unpinned (logged once).
 
-The race with removal: a reader pins *before* it reads the commit record; removal deletes the
-commit record, then looks for live pins again and restores the record if one appeared (see
-:func:`snapstore.catalog.remove_snapshot`). So a reader that got the commit record keeps its
-snapshot, and one that comes later finds no snapshot, which is a cache miss, not an error.
+The race with removal. A reader reads the commit record and starts reading blocks at once; its
+pin goes out in the background (:class:`ReadGuard`), and once the pin is written the reader reads
+the commit record again (the *confirm-read*). Removal deletes the commit record, then looks for
+live pins and restores the record if one appeared (see :func:`snapstore.catalog.remove_snapshot`).
+So if the pin was written before removal looked, removal keeps the snapshot; if after, the
+confirm-read (which comes after the pin) finds the record gone or replaced and the reader stops
+with :class:`~snapstore.errors.SnapshotRemovedError`. A reader whose confirm-read succeeded keeps
+its snapshot; blocks read before it are checksummed, so none is ever wrong, only possibly gone.
 """
 
 from __future__ import annotations
@@ -28,16 +32,18 @@ import logging
 import os
 import re
 import socket
+import threading
 import time
 import weakref
 from dataclasses import dataclass
 from typing import Any
 
+from . import format as fmt
 from .claims import Renewal, new_owner
 from .errors import StoreError
 from .store import Store
 
-__all__ = ["Pin", "PinInfo", "last_read", "list_pins", "live_pins", "pin"]
+__all__ = ["Pin", "PinInfo", "ReadGuard", "last_read", "list_pins", "live_pins", "pin"]
 
 log = logging.getLogger(__name__)
 
@@ -45,6 +51,8 @@ PINS_DIR = "pins"
 DEFAULT_LEASE = 600.0
 PIN_NAME = re.compile(r"pin-(.+)-(\d{8})")
 _READ = re.compile(r"read-(\d{8}T\d{2})")
+# Seconds between confirm-reads that find no record: a removal that saw the pin puts it back.
+CONFIRM_DELAYS = (0.0, 0.5, 1.0, 2.0)
 _warned = False
 _active: weakref.WeakSet[Pin] = weakref.WeakSet()
 
@@ -146,6 +154,112 @@ def pin(store: Store, fingerprint: str, lease: float = DEFAULT_LEASE) -> Pin | N
         return None
     handle.start()
     return handle
+
+
+class ReadGuard:
+    """A reader's pin, written on a background thread so that no request waits for it, then
+    the confirm-read of the commit record (see the module docstring for why that is safe).
+
+    Parameters
+    ----------
+    store : Store
+        Where the snapshot lives.
+    fingerprint : str
+        The snapshot.
+    record : bytes
+        The commit record the reader opened.
+    lease : float
+        The pin's lease (see :class:`Pin`).
+    start : bool
+        Start now; False waits for :meth:`start` (called once a reader's first requests are
+        out, so that the pin never delays them).
+
+    Attributes
+    ----------
+    lost : str or None
+        Set when the confirm-read found the record gone or replaced: why, for the error the
+        reader raises at its next batch.
+    pin : Pin or None
+        The pin once written (None before, and for good if the store refuses writes).
+    """
+
+    def __init__(
+        self,
+        store: Store,
+        fingerprint: str,
+        record: bytes,
+        lease: float = DEFAULT_LEASE,
+        *,
+        start: bool = True,
+    ) -> None:
+        self.store, self.fingerprint, self.record, self.lease = store, fingerprint, record, lease
+        self.lost: str | None = None
+        self.pin: Pin | None = None
+        self._released = threading.Event()
+        self._lock = threading.Lock()
+        self._thread = threading.Thread(target=self._run, name="snapstore-pin", daemon=True)
+        if start:
+            self.start()
+
+    def start(self) -> None:
+        """Write the pin and confirm it on a background thread (once; not after release)."""
+        with self._lock:
+            if not self._released.is_set() and self._thread.ident is None:
+                self._thread.start()
+
+    def _run(self) -> None:
+        handle = pin(self.store, self.fingerprint, self.lease)
+        with self._lock:
+            if self._released.is_set():
+                if handle is not None:
+                    handle.release()
+                return
+            self.pin = handle
+        if handle is not None:
+            self.lost = self._confirm()
+
+    def _confirm(self) -> str | None:
+        """Why the snapshot is not the one opened (None when it is, or cannot be told)."""
+        path = f"{self.fingerprint}/{fmt.COMMIT_NAME}"
+        for delay in CONFIRM_DELAYS:
+            if self._released.wait(delay):
+                return None
+            try:
+                now = self.store.read_bytes(path)
+            except FileNotFoundError:
+                continue  # a removal that saw our pin puts the record back: look again
+            except (OSError, StoreError):
+                log.debug("could not confirm the pin on %s", self.fingerprint, exc_info=True)
+                return None  # as safe as an unpinned read; the next read will say more
+            if now == self.record:
+                return None
+            return "was committed again (another run replaced the one this reader opened)"
+        return "was removed (by `snapstore rm` or `gc`) as this reader opened it"
+
+    @property
+    def started(self) -> bool:
+        """Whether the pin has been started (it may still be on its way)."""
+        return self._thread.ident is not None
+
+    def wait(self, timeout: float | None = None) -> bool:
+        """Wait until the pin is written and confirmed (or refused); False on timeout, or if
+        it was never started."""
+        if self._thread.ident is None:
+            return False
+        self._thread.join(timeout)
+        return not self._thread.is_alive()
+
+    def release(self) -> None:
+        """Stop confirming and take the pin down. Safe to call twice."""
+        with self._lock:
+            self._released.set()
+            started = self._thread.ident is not None
+        if started and self._thread is not threading.current_thread():
+            self._thread.join()
+        with self._lock:
+            handle, self.pin = self.pin, None
+        if handle is not None:
+            handle.release()
 
 
 def list_pins(store: Store, fingerprint: str) -> list[str]:

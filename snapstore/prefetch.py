@@ -238,6 +238,12 @@ class Prefetcher:
         Coalesce adjacent blocks into requests up to this size (not for local stores).
     retries : int
         Extra attempts for a request after a transient error or a read that came back short.
+    first_part : int
+        Yield the first chunk in two parts: its first ``first_part`` indices as soon as the
+        blocks they need are decoded, then the rest (0: whole). The requests are the same.
+    on_requests : callable, optional
+        Called once, on the scheduler thread, when the first chunk's requests are all out (a
+        reader's pin starts then: nothing optional goes before the first requests).
     """
 
     def __init__(
@@ -256,6 +262,8 @@ class Prefetcher:
         local: bool = False,
         max_request_bytes: int = 8 << 20,
         retries: int = 3,
+        first_part: int = 0,
+        on_requests: Callable[[], None] | None = None,
     ) -> None:
         if budget_bytes < 1:
             raise ValueError(
@@ -271,6 +279,8 @@ class Prefetcher:
         self._local = local
         self._max_request_bytes = 0 if local else max_request_bytes
         self._retries = retries
+        self._first_part = first_part
+        self._on_requests = on_requests
         self.concurrency = Concurrency(max_requests, initial_requests)
 
         self._cond = threading.Condition()
@@ -327,6 +337,9 @@ class Prefetcher:
                     if not self._admit(request):
                         return
                     self._submit(request)
+                if self._on_requests is not None:
+                    callback, self._on_requests = self._on_requests, None
+                    callback()
         except BaseException as exc:  # handed to the consumer
             with self._cond:
                 self._failure = exc
@@ -507,9 +520,12 @@ class Prefetcher:
                 chunk = self._wait_chunk(number)
                 if chunk is None:
                     return
-                decoded = self._wait_blocks(chunk)
-                yield chunk.indices, decoded
-                del decoded
+                if number == 0 and 0 < self._first_part < len(chunk.indices):
+                    yield from self._parts(chunk)
+                else:
+                    decoded = self._wait_blocks(chunk)
+                    yield chunk.indices, decoded
+                    del decoded
                 self._release(chunk)
                 number += 1
         finally:
@@ -527,11 +543,25 @@ class Prefetcher:
                 raise self._failure
             return self._tickets.get(number)
 
-    def _wait_blocks(self, chunk: _Chunk) -> dict[int, Any]:
+    def _parts(self, chunk: _Chunk) -> Iterator[tuple[np.ndarray[Any, Any], dict[int, Any]]]:
+        """The first chunk's head (its blocks only), then its tail (the wait counts as a stall)."""
+        cut = self._first_part
+        needed = set(self._locate(chunk.indices[:cut]).tolist())
+        head = self._wait_blocks(chunk, [b for b in chunk.blocks if b in needed])
+        yield chunk.indices[:cut], head
+        del head
+        yield chunk.indices[cut:], self._wait_blocks(chunk, part=1)
+
+    def _wait_blocks(
+        self, chunk: _Chunk, blocks: list[int] | None = None, part: int = 0
+    ) -> dict[int, Any]:
+        """The decoded ``blocks`` of ``chunk`` (default: all), once ready; ``part`` > 0 makes
+        the wait a stall even on the first chunk."""
+        blocks = chunk.blocks if blocks is None else blocks
         with self._cond:
             began, limited = time.perf_counter(), self._limited()
             decoded: dict[int, Any] = {}
-            for b in chunk.blocks:
+            for b in blocks:
                 while b not in self._ready:
                     if self._failure is not None:
                         raise self._failure
@@ -540,9 +570,9 @@ class Prefetcher:
                 if isinstance(value, BaseException):
                     raise value
                 decoded[b] = value
-            for b in chunk.blocks:  # handed over: the budget counts only what lies ahead
+            for b in blocks:  # handed over: the budget counts only what lies ahead
                 self._held -= self._cost.pop(b, 0)
-            self._stalled(began, self._waiting_chunk, limited)
+            self._stalled(began, self._waiting_chunk + part, limited)
             return decoded
 
     def _limited(self) -> bool:

@@ -21,20 +21,30 @@ from collections.abc import Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from . import format as fmt
 from . import hostindex
 from .columns import BlockColumns
-from .errors import FormatError, SnapshotNotFoundError, SnapstoreError
+from .errors import FormatError, SnapshotNotFoundError, SnapshotRemovedError, SnapstoreError
 from .plan import EpochPlan, PlanOptions
 from .prefetch import Fetch, Prefetcher
 from .schema import Schema
 from .store import Store
 
-__all__ = ["SnapshotMetadata", "SnapshotReader", "load_manifest", "read_metadata", "read_record"]
+if TYPE_CHECKING:
+    from .pins import ReadGuard
+
+__all__ = [
+    "SnapshotMetadata",
+    "SnapshotReader",
+    "load_manifest",
+    "read_metadata",
+    "read_record",
+    "removed_message",
+]
 
 log = logging.getLogger(__name__)
 
@@ -43,6 +53,9 @@ _RANDOM_ACCESS_CACHE_BLOCKS = 8
 # Requests in flight at most against a remote store: by Little's law, 128 requests of 256 KiB
 # blocks at 50 ms each move about 650 MB/s, more than two cores decode.
 _MAX_REMOTE_REQUESTS = 128
+# A compressed block index up to this size travels with a dataset to worker processes (larger
+# ones are read there from the per-host copy or the store).
+_SHARE_INDEX_BYTES = 16 << 20
 
 
 @dataclass(frozen=True)
@@ -110,7 +123,8 @@ def read_metadata(
     if commit.fingerprint != fingerprint:
         raise FormatError(f"{where} belongs to fingerprint {commit.fingerprint}, not {fingerprint}")
     run_dir = f"{fingerprint}/runs/{commit.run}"
-    if not with_index or store.local:  # a local index read costs no round trip
+    # A local index read costs no round trip; a copy of it on this host costs none either.
+    if not with_index or store.local or hostindex.exists(fingerprint, commit.run):
         return SnapshotMetadata(record, _read_manifest(store, commit, where, run_dir))
     # The writer names the index INDEX_NAME; the reader checks it against the manifest's entry.
     with ThreadPoolExecutor(1, thread_name_prefix="snapstore-index") as pool:
@@ -120,6 +134,15 @@ def read_metadata(
     entry = manifest.get("index")  # a malformed one: SnapshotReader says so
     named = entry.get("path") if isinstance(entry, dict) else None
     return SnapshotMetadata(record, manifest, data if named == fmt.INDEX_NAME else None)
+
+
+def removed_message(store: Store, fingerprint: str, why: str) -> str:
+    """The message of a :class:`SnapshotRemovedError`: ``why`` says what happened."""
+    return (
+        f"snapshot {fingerprint} under {store.url} {why}; what was read before is intact "
+        "(every block is checksummed), but reading cannot go on. Open it again (a stage "
+        "computes it again), and keep `snapstore rm`/`gc` away from snapshots in use"
+    )
 
 
 def _read_manifest(
@@ -181,7 +204,9 @@ class SnapshotReader:
         if metadata is None:
             metadata = read_metadata(store, fingerprint)
         self.manifest = metadata.manifest
+        self.record = metadata.record
         self._index_data = metadata.index
+        self.guard: ReadGuard | None = None  # set by the Snapshot that pins this reader
         try:
             self._open_index()
         except (KeyError, TypeError, ValueError, AttributeError) as exc:
@@ -191,6 +216,11 @@ class SnapshotReader:
                 f"manifest of {fingerprint} under {store.url} is missing or has a malformed "
                 f"entry ({exc!r}); the snapshot is corrupt: remove it and rebuild it"
             ) from exc
+        shared = (
+            metadata.index if metadata.index and len(metadata.index) <= _SHARE_INDEX_BYTES else None
+        )
+        self.shareable = SnapshotMetadata(metadata.record, self.manifest, shared)
+        """The metadata, verified, for another process to open this snapshot with no request."""
         self._cache: collections.OrderedDict[int, BlockColumns] = collections.OrderedDict()
         self._lock = threading.Lock()
 
@@ -353,6 +383,7 @@ class SnapshotReader:
         max_requests: int | None = None,
         fetch: Fetch | None = None,
         decode_threads: int | None = None,
+        first_part: int = 0,
     ) -> Prefetcher:
         """Start fetching and decoding the blocks of ``chunks`` ahead of use (see
         :class:`snapstore.prefetch.Prefetcher`); iterate the result for ``(indices, blocks)``.
@@ -374,6 +405,10 @@ class SnapshotReader:
         decode_threads : int, optional
             Threads that check, decompress and decode blocks; default the reader's
             ``decode_threads``.
+        first_part : int
+            Yield the first chunk's first ``first_part`` samples as soon as their blocks are
+            decoded, then the rest of the chunk (e.g. a batch: the first batch does not wait
+            for its whole window); 0 yields it whole.
         """
         local = self.store.local
         threads = self.decode_threads if decode_threads is None else decode_threads
@@ -396,16 +431,42 @@ class SnapshotReader:
             decode_threads=threads,
             local=local,
             max_request_bytes=8 << 20 if self.store.coalesce else 0,
+            first_part=first_part,
+            on_requests=None if self.guard is None else self.guard.start,
         )
 
     def _fetch(self, path: str, start: int, length: int) -> Any:
         try:
             return self.store.read_range(path, start, length)
         except FileNotFoundError as exc:
+            self.check_kept()
+            try:
+                now = read_record(self.store, self.fingerprint)
+            except SnapshotNotFoundError:
+                raise SnapshotRemovedError(self._removed("was removed while it was read")) from exc
+            if now != self.record:
+                why = "was committed again (by another run) while it was read"
+                raise SnapshotRemovedError(self._removed(why)) from exc
             raise FormatError(
                 f"shard {self.store.join(path)} of committed snapshot {self.fingerprint} is "
                 "missing; the snapshot is damaged: remove it with `snapstore rm` and rebuild it"
             ) from exc
+
+    def check_kept(self) -> None:
+        """Raise if this reader's pin found its snapshot removed or replaced (see
+        :class:`snapstore.pins.ReadGuard`); a reader checks before each batch.
+
+        Raises
+        ------
+        SnapshotRemovedError
+            If the snapshot is no longer the one this reader opened.
+        """
+        lost = None if self.guard is None else self.guard.lost
+        if lost is not None:
+            raise SnapshotRemovedError(self._removed(lost))
+
+    def _removed(self, why: str) -> str:
+        return removed_message(self.store, self.fingerprint, why)
 
     def _decode(self, block: int, data: Any) -> BlockColumns:
         entry = self.index[block]

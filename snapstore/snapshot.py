@@ -26,7 +26,9 @@ from .catalog import previous_of_stage, resolve_fingerprint, stored_fingerprint
 from .engines import Engine, PartitionTask, make_engine
 from .errors import (
     BusyError,
+    FormatError,
     SnapshotNotFoundError,
+    SnapshotRemovedError,
     SnapstoreError,
     StageError,
 )
@@ -37,7 +39,14 @@ from .parallel import PartitionJob, compute_partitions
 from .partitions import commit_partitions, partition_dir
 from .plan import PlanOptions
 from .progress import ProgressArg, Reporter, holder_text, open_reporter, tee
-from .reader import SnapshotMetadata, SnapshotReader, load_manifest, read_metadata, read_record
+from .reader import (
+    SnapshotMetadata,
+    SnapshotReader,
+    load_manifest,
+    read_metadata,
+    read_record,
+    removed_message,
+)
 from .schema import Schema
 from .store import LocalStore, Store, open_store
 from .writer import ProgressCallback, SnapshotWriter, WriteOptions
@@ -95,10 +104,12 @@ class Snapshot:
         self._kwargs = dict(kwargs or {})
         self._reader: SnapshotReader | None = None
         self._batch_readers: weakref.WeakSet[BatchReader] = weakref.WeakSet()
-        self._pin: pins.Pin | None = None
-        # What open() read (commit record, manifest, index): the first read confirms the
-        # record is unchanged once pinned, and reuses the rest instead of reading it again.
+        self._guard: pins.ReadGuard | None = None
+        # What open() (or the process that sent this snapshot) read: commit record, manifest,
+        # index. The first read uses it; its pin's confirm-read checks the record later.
         self._metadata: SnapshotMetadata | None = None
+        self._record: bytes | None = None  # the commit record materialize() found
+        self._pinned_elsewhere = False  # a process that sent us the metadata holds a pin
         self._hit_logged = False
         self.miss_explanation: dict[str, Any] | None = None
         """Set when materializing found no snapshot (and computed it, or waited for the job that
@@ -155,7 +166,9 @@ class Snapshot:
         TypeError
             If ``progress`` is none of the above.
         """
-        if self.committed:
+        with contextlib.suppress(SnapshotNotFoundError):
+            self._record = read_record(self.store, self.fingerprint)  # kept for the first read
+        if self._record is not None:
             if not self._hit_logged:  # once per handle: reading materializes again
                 self._hit_logged = True
                 _log_found(self)
@@ -168,28 +181,53 @@ class Snapshot:
         self._hit_logged = True  # computed or waited for here: reading it is no cache hit
         return self
 
-    def _open(self) -> SnapshotReader:
+    def _open(self, *, pin_later: bool = False) -> SnapshotReader:
+        """The reader, opened once; its pin starts now, or with ``pin_later`` once its first
+        block requests are out (``reader.guard.start()``, which the prefetcher calls)."""
         if self._reader is None:
-            known = self._metadata
+            known, self._metadata = self._metadata, None
             if known is None:
                 self.materialize()
             elif not self._hit_logged:
                 self._hit_logged = True
                 _log_found(self, manifest=known.manifest)
-            # Pin before reading the commit record: cleaning never removes it under us.
-            self._pin = self._pin or pins.pin(self.store, self.fingerprint)
+            self._reader = self._new_reader(known)
+            if self._guard is None and not self._pinned_elsewhere:
+                # Pinned in the background, so that cleaning never removes the snapshot under
+                # us, while the first blocks are already being read (see snapstore.pins).
+                record = self._reader.record
+                self._guard = pins.ReadGuard(self.store, self.fingerprint, record, start=False)
+            self._reader.guard = self._guard
+        if not pin_later and self._guard is not None:
+            self._guard.start()
+        return self._reader
+
+    def _new_reader(self, known: SnapshotMetadata | None) -> SnapshotReader:
+        """A reader from ``known`` metadata (read long ago, or in another process) or, if none,
+        from the record materialize() found; if a file is missing, the snapshot was removed or
+        committed again since: the latter is read afresh."""
+        try:
+            if known is None:
+                record, self._record = self._record, None
+                known = read_metadata(self.store, self.fingerprint, record)
+            return SnapshotReader(self.store, self.fingerprint, metadata=known)
+        except (FormatError, FileNotFoundError) as exc:
             try:
                 record = read_record(self.store, self.fingerprint)
-                if known is None or record != known.record:  # committed again since open()
-                    known = read_metadata(self.store, self.fingerprint, record)
-                self._reader = SnapshotReader(self.store, self.fingerprint, metadata=known)
-            except BaseException:
-                if self._pin is not None:  # removed meanwhile, or broken: leave no pin behind
-                    self._pin.release()
-                    self._pin = None
+            except SnapshotNotFoundError:
+                why = "was removed (by `snapstore rm` or `gc`) as it was opened"
+                raise SnapshotRemovedError(
+                    removed_message(self.store, self.fingerprint, why)
+                ) from exc
+            if known is not None and record == known.record:
                 raise
-            self._metadata = None  # the index bytes: read again (and confirmed) if reopened
-        return self._reader
+        known = read_metadata(self.store, self.fingerprint, record)
+        return SnapshotReader(self.store, self.fingerprint, metadata=known)
+
+    def shareable_metadata(self) -> SnapshotMetadata | None:
+        """What another process needs to read this snapshot without reading its metadata again
+        (None before the first read): see :class:`snapstore.handle.SnapshotHandle`."""
+        return None if self._reader is None else self._reader.shareable
 
     @property
     def manifest(self) -> dict[str, Any]:
@@ -276,7 +314,7 @@ class Snapshot:
             Iterable of batch dicts, with ``get_state()``/``set_state()`` for resuming
             mid-epoch, ``set_epoch()`` and ``stats()``.
         """
-        reader = self._open()
+        reader = self._open(pin_later=True)
         blocks = window_blocks if window_blocks is not None else reader.window_blocks(window_bytes)
         options = PlanOptions(shuffle=shuffle, seed=seed, window_blocks=blocks, drop_last=drop_last)
         if prefetch_bytes is None:
@@ -310,10 +348,10 @@ class Snapshot:
         if self._reader is not None:
             self._reader.close()
             self._reader = None
-        self._metadata = None  # what open() read, if never used: reading again reads afresh
-        if self._pin is not None:
-            self._pin.release()
-            self._pin = None
+        self._metadata = self._record = None  # if never used: reading again reads afresh
+        if self._guard is not None:
+            self._guard.release()
+            self._guard = None
         self.store.close()
 
     def __enter__(self) -> Snapshot:

@@ -77,6 +77,21 @@ def _create_in_dir(path: Path, create: Callable[[], T]) -> T:
     raise AssertionError("unreachable: the loop returns or raises")
 
 
+def _remove_dir_tree(target: Path) -> None:
+    """``shutil.rmtree``, again when files came or went in the tree meanwhile (a reader's pin
+    written, or renewed, as its snapshot is removed)."""
+    for attempt in range(8):
+        try:
+            shutil.rmtree(target)
+            return
+        except OSError as exc:
+            if exc.errno not in (errno.ENOENT, errno.ENOTEMPTY) or attempt == 7:
+                raise
+            if not target.exists():
+                return
+            time.sleep(0.005 * 2**attempt)  # let the writer finish (0.6 s in all at most)
+
+
 @contextlib.contextmanager
 def _translated(op: str, url: str) -> Iterator[None]:
     """Local OSErrors as StoreError naming ``url`` (a missing file stays FileNotFoundError)."""
@@ -336,7 +351,7 @@ class LocalStore(Store):
                 del self._maps[key]  # unmapped when the last view of it is released
         with _translated("remove", self.join(path)):
             if target.is_dir() and not target.is_symlink():
-                shutil.rmtree(target, ignore_errors=False)
+                _remove_dir_tree(target)
             else:
                 with contextlib.suppress(FileNotFoundError):
                     target.unlink()

@@ -13,7 +13,7 @@ import pytest
 import snapstore
 from snapstore import pins
 from snapstore.catalog import describe, remove_snapshot
-from snapstore.errors import BusyError, SnapshotNotFoundError, StoreError
+from snapstore.errors import BusyError, SnapshotNotFoundError, SnapshotRemovedError, StoreError
 from snapstore.gc import find_garbage
 from snapstore.store import LocalStore, Store
 
@@ -34,7 +34,8 @@ def test_an_open_snapshot_is_pinned_until_closed(store: Store) -> None:
     fp = committed(store)
     assert pins.live_pins(store, fp) == [] and pins.last_read(store, fp) is None
     snap = snapstore.open(fp, root=store)
-    assert len(snap) == 20  # opening the reader pins it
+    assert len(snap) == 20  # opening the reader pins it, in the background
+    assert snap._guard is not None and snap._guard.wait(30)
     (pin,) = pins.live_pins(store, fp)
     assert pin.pid > 0 and describe(store, fp)["readers"] == 1
     assert pins.last_read(store, fp) is not None
@@ -83,6 +84,72 @@ def test_a_reader_that_starts_during_removal_keeps_the_snapshot(tmp_path: Path) 
     assert [s["x"] for s in reader[0]] == [i * i for i in range(20)]
 
 
+def test_a_reader_whose_pin_comes_after_removal_looked_stops_with_a_clear_error(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The reader read the commit record and started reading; the removal ran to its end
+    before the reader's pin was written. The confirm-read after the pin finds no record, and
+    the reader stops at its next batch with SnapshotRemovedError (not a damaged-snapshot
+    error), having yielded only intact batches."""
+    monkeypatch.setattr(pins, "CONFIRM_DELAYS", (0.0, 0.01))
+    store = LocalStore(tmp_path)
+    fp = committed(store, 200)
+    write_bytes = store.write_bytes
+
+    def pin_after_removal(path: str, data: bytes) -> None:
+        if "/pins/pin-" in path and store.exists(f"{fp}/COMMIT"):
+            remove_snapshot(store, fp)  # no pin yet: the removal goes through
+        write_bytes(path, data)
+
+    store.write_bytes = pin_after_removal  # type: ignore[method-assign]
+    snap = snapstore.open(fp, root=store)
+    batches = iter(snap.batches(16))
+    first = next(batches)
+    assert first["x"].tolist() == [i * i for i in range(16)]
+    assert snap._guard is not None and snap._guard.wait(30)
+    assert snap._guard.lost is not None and "was removed" in snap._guard.lost
+    with pytest.raises(SnapshotRemovedError, match=r"was removed .*Open it again"):
+        next(batches)
+    snap.close()
+    assert not store.exists(f"{fp}/COMMIT")
+
+
+def test_a_reader_whose_pin_comes_before_removal_looked_keeps_the_snapshot(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The removal deleted the commit record; then the reader (which had read it before)
+    starts reading and writes its pin; then the removal looks for pins, finds it, and puts the
+    record back. The reader's confirm-read finds the record (at once or on a later try) and
+    reads every sample."""
+    monkeypatch.setattr(pins, "CONFIRM_DELAYS", (0.0, 0.05, 0.1, 0.5, 1.0))
+    store = LocalStore(tmp_path)
+    fp = committed(store, 200)
+    commit = f"{fp}/COMMIT"
+    snap = snapstore.open(fp, root=store)  # the commit record, manifest and index are read
+    remove_tree = store.remove_tree
+    got: list[int] = []
+
+    def reader_starts_meanwhile(path: str) -> None:
+        remove_tree(path)
+        if path == commit and not got:
+            batches = iter(snap.batches(16))
+            got.extend(next(batches)["x"].tolist())
+            guard = snap._guard
+            assert guard is not None
+            while guard.pin is None:  # the pin goes out once the first requests are out
+                guard.wait(0.01)
+            got.extend(x for b in batches for x in b["x"].tolist())
+
+    store.remove_tree = reader_starts_meanwhile  # type: ignore[method-assign]
+    with pytest.raises(BusyError):
+        remove_snapshot(store, fp)
+    store.remove_tree = remove_tree  # type: ignore[method-assign]
+    assert got == [i * i for i in range(200)]
+    assert snap._guard is not None and snap._guard.wait(30) and snap._guard.lost is None
+    assert store.exists(commit)
+    snap.close()
+
+
 def test_removal_and_readers_racing_in_threads(tmp_path: Path) -> None:
     store = LocalStore(tmp_path)
     fp = committed(store, 200)
@@ -95,7 +162,7 @@ def test_removal_and_readers_racing_in_threads(tmp_path: Path) -> None:
             try:
                 snap = snapstore.Snapshot(store, fp)
                 total = sum(s["x"] for s in snap)
-            except SnapshotNotFoundError:
+            except SnapshotNotFoundError:  # SnapshotRemovedError included
                 continue  # removed before this reader pinned: a cache miss, not an error
             except BaseException as exc:  # anything else means data vanished under a reader
                 failures.append(exc)
@@ -108,16 +175,18 @@ def test_removal_and_readers_racing_in_threads(tmp_path: Path) -> None:
     for t in threads:
         t.start()
     removed = False
-    for _ in range(200):
-        try:
-            remove_snapshot(store, fp)
-            removed = True
-            break
-        except BusyError:
-            continue
-    stop.set()
-    for t in threads:
-        t.join()
+    try:
+        for _ in range(200):
+            try:
+                remove_snapshot(store, fp)
+                removed = True
+                break
+            except BusyError:
+                continue
+    finally:
+        stop.set()
+        for t in threads:
+            t.join()
     assert not failures, failures[0]
     assert reads[0] > 0 or removed
 

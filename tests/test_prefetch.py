@@ -312,6 +312,7 @@ def test_through_the_latency_simulator_a_window_costs_about_one_round_trip(tmp_p
     snap = snapstore.open(fingerprint, root=store)
     reader = snap.batches(100, shuffle=True, window_blocks=16)
     blocks = len(snap._open().index)
+    assert snap._guard is not None and snap._guard.wait(30)  # its requests are not the reads
     windows = -(-blocks // 16)
     store.fs.reset_counters()
     began = time.perf_counter()

@@ -18,6 +18,7 @@ from snapstore.errors import (
     AmbiguousFingerprintError,
     FingerprintError,
     SnapshotNotFoundError,
+    SnapshotRemovedError,
     StageError,
 )
 from snapstore.store import LocalStore
@@ -160,9 +161,10 @@ def test_same_call_same_fingerprint_in_fresh_processes(tmp_path: Path) -> None:
 
 
 def test_open_reads_once_and_the_first_read_confirms_the_commit(tmp_path: Path) -> None:
-    """open() reads the commit record, manifest and index; the first read pins, then reads the
-    record again: the same record reuses them, another one (removed and committed again since)
-    is read afresh, and none is a cache miss."""
+    """open() reads the commit record, manifest and index; the first read reuses them (its pin
+    confirms the record later, in the background). If the snapshot was removed since, the first
+    read says so; if it was committed again, the first read finds the old files gone and reads
+    the new record's afresh."""
     stage = snapstore.snapshot(squares.__wrapped__, root=str(tmp_path))
     fp = stage(6).materialize().fingerprint
     same = snapstore.open(fp, root=str(tmp_path))
@@ -171,7 +173,7 @@ def test_open_reads_once_and_the_first_read_confirms_the_commit(tmp_path: Path) 
     assert len(same) == 6
     old_run = changed._metadata.manifest["run"] if changed._metadata else None
     remove_snapshot(LocalStore(tmp_path), fp, respect_pins=False)
-    with pytest.raises(SnapshotNotFoundError, match="no committed snapshot"):
+    with pytest.raises(SnapshotRemovedError, match="was removed .* as it was opened"):
         len(removed)
     assert not list(tmp_path.glob(f"{fp}/pins/pin-*"))  # its pin was released
     stage(6).materialize()  # committed again, by another run
