@@ -145,3 +145,17 @@ def test_bench_listing_smoke() -> None:
     for label in ("per-partition exists (20 timed, x15)", "partition status: prefix listings"):
         assert label in out.stdout, out.stdout
     assert "target: status in <= 3 round trips" in out.stdout
+
+
+def test_bench_coldstart_smoke(tmp_path: Path) -> None:
+    script = BENCH.parent / "bench_coldstart.py"
+    cmd = [sys.executable, str(script), "--scale", "0.01", "--ttfb", "0.01", "--repeat", "1"]
+    out = subprocess.run(
+        [*cmd, "--tmp", str(tmp_path)], capture_output=True, text=True, timeout=300
+    )
+    assert out.returncode == 0, out.stderr
+    rows = {line.split("  ")[0]: line.split() for line in out.stdout.splitlines() if line}
+    assert rows["round trips before the first block"][-4:] == ["2", "2", "<=", "2"], out.stdout
+    assert rows["worker: metadata requests"][-3:] == ["0", "0", "0"], out.stdout
+    assert "open -> first batch at 10 ms (s)" in out.stdout
+    assert list(tmp_path.iterdir()) == []  # the scratch directory is removed
