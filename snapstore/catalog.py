@@ -44,6 +44,8 @@ def describe(store: Store, fingerprint: str) -> dict[str, Any]:
     many hold it open now (live pins). An uncommitted partitioned snapshot also has
     ``partitions_committed``: the partitions a rerun will not compute again.
     """
+    if not isinstance(store, ListedStore):  # one recursive listing answers every directory
+        store = ListedStore(store, fingerprint, store.list_tree(fingerprint))
     runs = store.list_dir(f"{fingerprint}/runs")
     pinned = list_pins(store, fingerprint)
     info: dict[str, Any] = {

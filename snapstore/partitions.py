@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 
 from . import format as fmt
-from .claims import CLAIMS_DIR
+from .claims import CLAIMS_DIR, remove_claims
 from .errors import FormatError, SchemaError
 from .inference import merge_stored
 from .listing import list_prefixes, listing_workers, map_concurrently
@@ -41,6 +41,7 @@ __all__ = [
     "partition_dir",
     "partition_done",
     "partition_status",
+    "remove_partition_claims",
     "write_partition",
 ]
 
@@ -112,6 +113,17 @@ def partition_status(store: Store, fingerprint: str, partitions: Iterable[int]) 
             claimed.setdefault(p, []).append(inside[len(CLAIMS_DIR) + 1 :])
     claims = {p: sorted(n) for p, n in claimed.items() if p not in committed}
     return PartitionStatus(frozenset(committed), claims)
+
+
+def remove_partition_claims(store: Store, fingerprint: str, partitions: Iterable[int]) -> None:
+    """Best effort, once the snapshot is committed: delete the claims directories that
+    listings show under ``partitions``, concurrently (not one request per partition)."""
+    ids = list(partitions)
+    wanted = {partition_dir("", p).rsplit("/", 1)[-1] for p in ids}
+    tree = list_prefixes(store, f"{fingerprint}/{PARTS_DIR}", status_prefixes(ids))
+    held = sorted({rel.split("/", 1)[0] for rel in tree if rel.split("/")[1:2] == [CLAIMS_DIR]})
+    where = [f"{fingerprint}/{PARTS_DIR}/{name}" for name in held if name in wanted]
+    map_concurrently(lambda w: remove_claims(store, w), where)
 
 
 def write_partition(

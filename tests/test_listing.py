@@ -3,6 +3,7 @@ sequential round trips, traced through the recording latency simulator (issue 14
 
 from __future__ import annotations
 
+import contextlib
 import json
 import uuid
 from collections.abc import Iterable, Iterator
@@ -18,7 +19,12 @@ from snapstore.engines import PartitionTask
 from snapstore.gc import find_garbage
 from snapstore.listing import ListedStore, map_concurrently
 from snapstore.parallel import PartitionJob, compute_partitions
-from snapstore.partitions import partition_dir, partition_status, status_prefixes
+from snapstore.partitions import (
+    partition_dir,
+    partition_status,
+    remove_partition_claims,
+    status_prefixes,
+)
 from snapstore.simulate import LIST_PAGE, round_trips, simulated_store
 from snapstore.store import FsspecStore, Store, open_store
 
@@ -44,13 +50,30 @@ def craft(
         map_concurrently(lambda path: store.write_bytes(path, b"x"), paths, 32)
 
 
+_MEMORY: list[FsspecStore] = []
+
+
 def memory_store() -> FsspecStore:
+    """A fresh root on fsspec's memory filesystem, removed after the test (the filesystem is
+    one dict per process, which its recursive calls scan whole: leftovers slow later tests)."""
     store = open_store(f"memory://listing-{uuid.uuid4().hex}")
     assert isinstance(store, FsspecStore)
+    _MEMORY.append(store)
     return store
 
 
-def traced(store: Store, ttfb: float = 0.02) -> FsspecStore:
+@pytest.fixture(autouse=True)
+def _remove_memory_roots() -> Iterator[None]:
+    yield
+    while _MEMORY:
+        store = _MEMORY.pop()
+        with contextlib.suppress(FileNotFoundError):  # never written to
+            store.fs.rm(store.root, recursive=True)
+
+
+def traced(store: Store, ttfb: float = 0.1) -> FsspecStore:
+    """A recording simulation; 100 ms per request, so that requests sent together by threads
+    that start one after another on a busy machine still overlap."""
     return simulated_store(store, ttfb=ttfb, record=True)
 
 
@@ -194,3 +217,23 @@ def test_partition_status_on_the_gcs_emulator(gcs_root: tuple[str, dict[str, Any
     simulated = traced(store, ttfb=0.05)
     assert partition_status(simulated, FP, range(1500)) == status
     assert round_trips(trace_of(simulated)) <= 3
+
+
+def test_claims_of_committed_partitions_are_removed_at_once() -> None:
+    inner = memory_store()
+    craft(inner, range(300), {p: ["claim-00000000", "released-00000000"] for p in range(0, 300, 2)})
+    store = traced(inner)
+    remove_partition_claims(store, FP, range(200))
+    left = partition_status(inner, FP, range(300))
+    assert left.committed == frozenset(range(300))
+    tree = inner.list_tree(f"{FP}/parts")
+    assert sorted({int(k[:6]) for k in tree if "/claims/" in k}) == list(range(200, 300, 2))
+    assert round_trips(trace_of(store)) <= 3  # the listings, then every removal at once
+
+
+def test_describe_answers_from_one_listing(many_snapshots: FsspecStore) -> None:
+    inner = many_snapshots
+    fp = next(fp for fp in list_fingerprints(inner) if describe(inner, fp).get("shards"))
+    store = traced(inner)
+    assert describe(store, fp) == describe(inner, fp)
+    assert round_trips(trace_of(store)) <= 3  # the listing, the commit record, the manifest
