@@ -13,7 +13,7 @@ indices, from :meth:`snapstore.plan.EpochPlan.chunks`). Three kinds of thread sh
 - an I/O pool runs the requests (``fetch(path, start, length)``), retrying transient errors
   and completing short reads a bounded number of times;
 - a decode pool verifies and decodes each block (checksum, decompression, Arrow), off the
-  consumer's thread.
+  consumer's thread, earliest chunk first (requests complete in any order).
 
 Local stores skip the I/O pool: a "read" is a slice of a memory map, so the decode pool does it
 and the bytes are never copied.
@@ -31,6 +31,8 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import heapq
+import itertools
 import logging
 import math
 import random
@@ -306,6 +308,9 @@ class Prefetcher:
         self._busy = 0.0  # request-seconds
 
         self._decoders = ThreadPoolExecutor(max(1, decode_threads), "snapstore-decode")
+        # (chunk, sequence, request, data or None): what the decode threads take next.
+        self._decodes: list[tuple[int, int, _Request, Any]] = []
+        self._decode_seq = itertools.count()
         self._io = None if local else ThreadPoolExecutor(max_requests, "snapstore-fetch")
         self._scheduler = threading.Thread(
             target=self._schedule, name="snapstore-prefetch", daemon=True
@@ -403,9 +408,26 @@ class Prefetcher:
 
     def _submit(self, request: _Request) -> None:
         if self._io is None:
-            self._decoders.submit(self._run_local, request)
+            self._queue_decode(request, None)  # the read is a memory-map slice: done there
         else:
             self._io.submit(self._run_remote, request)
+
+    def _queue_decode(self, request: _Request, data: Any) -> None:
+        """Decode ``request`` (read it first if ``data`` is None) on a decode thread, earliest
+        chunk first: requests complete in any order, and at a cold start the windows fetched
+        ahead must not hold up the first one's decoding."""
+        with self._cond:
+            heapq.heappush(self._decodes, (request.chunk, next(self._decode_seq), request, data))
+        with contextlib.suppress(RuntimeError):  # the pool shut down: the prefetcher is closed
+            self._decoders.submit(self._decode_next)
+
+    def _decode_next(self) -> None:
+        with self._cond:
+            _, _, request, data = heapq.heappop(self._decodes)
+        if data is None:
+            self._run_local(request)
+        else:
+            self._decode_all(request, data)
 
     # -- pool threads -----------------------------------------------------------------------
 
@@ -426,8 +448,7 @@ class Prefetcher:
             self._finish(request, time.perf_counter() - began, 0, exc)
             return
         self._finish(request, time.perf_counter() - began, request.length, None)
-        with contextlib.suppress(RuntimeError):  # the pool shut down: the prefetcher is closed
-            self._decoders.submit(self._decode_all, request, data)
+        self._queue_decode(request, data)
 
     def _read(self, request: _Request) -> Any:
         """The request's bytes; transient errors and short reads are retried a bounded number

@@ -348,3 +348,37 @@ def test_latency_stats_stay_bounded_on_long_passes(remote: SnapshotReader) -> No
     assert len(pf._latencies) == 4096
     assert stats.latency_mean == pytest.approx(0.1, rel=1e-3)
     assert stats.latency_p95 == pytest.approx(0.19, abs=0.005)
+
+
+def test_earlier_chunks_are_decoded_first(remote: SnapshotReader) -> None:
+    """Requests complete in any order; the decode threads take the earliest chunk's blocks
+    first, so windows fetched ahead never hold up the one the consumer waits for."""
+    plan = EpochPlan(
+        remote.index["rows"], epoch=0, rank=0, world_size=1,
+        options=PlanOptions(shuffle=True, seed=1, window_blocks=4),
+    )  # fmt: skip
+    first = {int(b) for b in remote.locate(next(iter(plan.chunks())))[0]}
+    gate = threading.Event()
+    order: list[int] = []
+    decode = remote._decode
+
+    def held_decode(block: int, data: Any) -> Any:
+        gate.wait(10)  # the queue fills with every chunk's blocks meanwhile
+        order.append(block)
+        return decode(block, data)
+
+    remote._decode = held_decode  # type: ignore[method-assign]
+
+    def late_first(path: str, start: int, length: int) -> Any:
+        entries = remote.index
+        hit = (entries["offset"] >= start) & (entries["offset"] < start + length)
+        if first & set(np.flatnonzero(hit).tolist()):
+            time.sleep(0.2)  # the first window's requests are answered last
+        return remote._fetch(path, start, length)
+
+    pf = remote.prefetch(plan.chunks(), fetch=late_first, decode_threads=1, budget_bytes=1 << 30)
+    time.sleep(0.5)  # every request answered and queued for decoding
+    gate.set()
+    assert sum(len(idx) for idx, _ in pf) == N
+    # The block being decoded when the queue filled may be any; after it, the first window's.
+    assert set(order[1 : 1 + len(first)]) == first, (sorted(first), order[: 2 * len(first)])
