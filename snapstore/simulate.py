@@ -16,9 +16,11 @@ The model is simple on purpose. A request (a whole-file or ranged read, a listin
 upload or a delete) takes ``ttfb + nbytes / bandwidth`` seconds from the moment it is served;
 ``bandwidth`` is one request's (one connection's) throughput, so parallel requests overlap, as
 HTTP requests to a bucket do, up to ``max_requests`` at once (a connection pool: the rest
-queue). The target's own time counts toward that delay, so a target slower than the simulation
-shows through. Not modelled: an aggregate bandwidth cap, throttling, errors and retries.
-Timings are accurate to about +-2 ms (sleep granularity); the sleeps release the GIL.
+queue). A recursive listing (``find``, what :meth:`Store.list_tree` sends) is paged as GCS and
+S3 page one: a request per :data:`LIST_PAGE` objects, one after another. The target's own time
+counts toward that delay, so a target slower than the simulation shows through. Not modelled:
+an aggregate bandwidth cap, throttling, errors and retries. Timings are accurate to about +-2 ms
+(sleep granularity); the sleeps release the GIL.
 """
 
 from __future__ import annotations

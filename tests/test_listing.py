@@ -7,6 +7,7 @@ import contextlib
 import json
 import uuid
 from collections.abc import Iterable, Iterator
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -14,6 +15,7 @@ import pytest
 
 import snapstore
 from snapstore import claims
+from snapstore.cache import BlockCache, CachedStore
 from snapstore.catalog import describe, list_fingerprints, list_snapshots
 from snapstore.engines import PartitionTask
 from snapstore.gc import find_garbage
@@ -237,3 +239,11 @@ def test_describe_answers_from_one_listing(many_snapshots: FsspecStore) -> None:
     store = traced(inner)
     assert describe(store, fp) == describe(inner, fp)
     assert round_trips(trace_of(store)) <= 3  # the listing, the commit record, the manifest
+
+
+def test_a_cached_store_lists_through_its_store(tmp_path: Path) -> None:
+    inner = memory_store()
+    craft(inner, range(3), {})
+    cached = CachedStore(traced(inner, ttfb=0.0), BlockCache(tmp_path, 1 << 20))
+    assert cached.list_tree(f"{FP}/parts") == inner.list_tree(f"{FP}/parts")
+    assert cached.list_tree(FP, "parts/000001/") == inner.list_tree(FP, "parts/000001/")
