@@ -10,7 +10,10 @@ Workloads (from the foundation issue):
 
 Baselines measured in the same run: the raw generator (what recomputing costs, here nearly
 free, so write times are reported net of it) and a numpy memmap of the same data, written
-sample by sample and read in the same shuffled order batch by batch.
+sample by sample and read batch by batch in exactly the snapshot's epoch order (the order of
+``snap.batches(256, shuffle=True)``, checked). Both readers feed the same consumer,
+:func:`touch`, which copies every byte of every sample into a reused buffer, as a training
+step's copy to the device does.
 
 Every measurement runs in a fresh child process so peak memory is its own. Memory is reported
 as peak anonymous RSS (sampled every 5 ms): memory-mapped shard pages are page cache, shared
@@ -175,38 +178,73 @@ def _warm(directory: str) -> None:
                     pass
 
 
-def epoch_plan(reader: Any) -> Any:
-    """Epoch 0, shuffled, one consumer, the default 32 MiB window: what both readers follow."""
-    from snapstore.plan import EpochPlan, PlanOptions
+def touch(batch: dict[str, Any], scratch: dict[str, np.ndarray]) -> int:
+    """The consumer both readers feed: every sample of every field copied into a buffer reused
+    from batch to batch, so every byte is read once (as a step's copy to the device reads it).
 
-    window = reader.window_blocks(32 << 20)
-    options = PlanOptions(shuffle=True, window_blocks=window)
-    return EpochPlan(reader.index["rows"], epoch=0, rank=0, world_size=1, options=options)
+    A stacked field (an array) is one ``np.copyto``; a ragged field (a list of arrays, one per
+    sample) is packed sample after sample into one flat buffer by ``np.concatenate(out=)``, so
+    neither side pays a Python-level loop here. Returns the bytes touched.
+    """
+    touched = 0
+    for name, value in batch.items():
+        if isinstance(value, np.ndarray):
+            buffer = scratch.get(name)
+            if buffer is None or buffer.shape[1:] != value.shape[1:] or len(buffer) < len(value):
+                buffer = scratch[name] = np.empty(
+                    (max(len(value), BATCH), *value.shape[1:]), value.dtype
+                )
+            np.copyto(buffer[: len(value)], value)
+            touched += value.nbytes
+        else:
+            size = sum(a.size for a in value)
+            buffer = scratch.get(name)
+            if buffer is None or buffer.dtype != value[0].dtype or len(buffer) < size:
+                buffer = scratch[name] = np.empty(2 * size, value[0].dtype)
+            np.concatenate(value, out=buffer[:size])
+            touched += buffer[:size].nbytes
+    return touched
+
+
+def _order_of(directory: str) -> np.ndarray:
+    """The order ``snap.batches(BATCH, shuffle=True)`` (seed 0, epoch 0, one consumer) reads."""
+    import snapstore
+
+    snap = snapstore.open("bench", root=directory)
+    order = snap.batches(BATCH, shuffle=True).plan.order()
+    snap.close()
+    return order
+
+
+def _digest(order: np.ndarray) -> str:
+    import hashlib
+
+    return hashlib.sha256(np.asarray(order, np.int64).tobytes()).hexdigest()
 
 
 def child_snap_read(workload: str, n: int, directory: str, **_: Any) -> dict[str, Any]:
-    from snapstore.batches import BatchReader
+    """One shuffled epoch through the public API, every batch through :func:`touch`."""
+    import snapstore
     from snapstore.plan import shuffle_quality
-    from snapstore.reader import SnapshotReader
-    from snapstore.store import LocalStore
 
     _warm(directory)
+    snapstore.open("bench", root=directory).close()  # imports and code paths, not the timing
     mem = PeakAnon()
-    reader = SnapshotReader(LocalStore(directory), "bench")
     key = "label" if workload == "img" else "id"
+    scratch: dict[str, np.ndarray] = {}
     t0 = time.perf_counter()
-    plan = epoch_plan(reader)
-    batches = iter(BatchReader(reader, BATCH, options=plan.options))
+    snap = snapstore.open("bench", root=directory)
+    batches = iter(snap.batches(BATCH, shuffle=True))
     first = next(batches)
     ttfb = time.perf_counter() - t0
     order = [first[key]]
-    nbytes = _batch_bytes(first)
+    nbytes = touch(first, scratch)
     for batch in batches:
         order.append(batch[key])
-        nbytes += _batch_bytes(batch)
+        nbytes += touch(batch, scratch)
     seconds = time.perf_counter() - t0
     peak = mem.stop()  # before the O(N) quality bookkeeping below, which is not the reader's
-    reader.close()
+    snap.close()
     read_order = np.concatenate(order)
     quality = shuffle_quality(read_order)
     return {
@@ -218,50 +256,50 @@ def child_snap_read(workload: str, n: int, directory: str, **_: Any) -> dict[str
         "spearman": quality["spearman"],
         "distance_ratio": quality["distance_ratio"],
         "exact": sorted(read_order.tolist()) == list(range(n)),
+        "order": _digest(read_order),
+        "plan_order": _digest(_order_of(directory)),
     }
 
 
-def _batch_bytes(batch: dict[str, Any]) -> int:
-    total = 0
-    for v in batch.values():
-        total += v.nbytes if isinstance(v, np.ndarray) else sum(a.nbytes for a in v)
-    return total
-
-
 def child_memmap_read(
-    workload: str, n: int, directory: str, order_dir: str, **_: Any
+    workload: str, n: int, directory: str, order_dir: str, previous: bool = False, **_: Any
 ) -> dict[str, Any]:
-    """The same shuffled order as snapstore's plan, read batch by batch from the memmap."""
-    from snapstore.reader import SnapshotReader
-    from snapstore.store import LocalStore
+    """The snapshot's epoch order, read batch by batch from the memmap, through :func:`touch`.
 
-    reader = SnapshotReader(LocalStore(order_dir), "bench")
-    plan = epoch_plan(reader)
-    order = plan.order()
-    reader.close()
+    img: one fancy index per field per batch (a stacked copy, as snapstore's batch is). tok:
+    one view per sample from an offsets array (a list of arrays over the page cache, as
+    snapstore's ``ragged="list"`` views its decoded blocks), copied by the consumer.
+    ``previous``: the baseline as it was before issue 15 (tok: each sample copied out of an
+    ``np.memmap`` slice with ``np.array``, one more copy and a memmap object per sample).
+    """
+    order = _order_of(order_dir)
     _warm(directory)
     mem = PeakAnon()
+    key = "label" if workload == "img" else "id"
+    scratch: dict[str, np.ndarray] = {}
     t0 = time.perf_counter()
-    ttfb = None
+    ttfb = 0.0
     nbytes = 0
+    read = []
+    # a plain ndarray over the map: slicing an np.memmap makes a memmap object per slice
     data = np.load(f"{directory}/data.npy", mmap_mode="r")
-    if workload == "img":
-        labels = np.load(f"{directory}/labels.npy")
-        for start in range(0, n, BATCH):
-            idx = order[start : start + BATCH]
-            batch = {"image": data[idx], "label": labels[idx]}
-            nbytes += _batch_bytes(batch)
-            ttfb = ttfb if ttfb is not None else time.perf_counter() - t0
-    else:
-        offsets = np.load(f"{directory}/offsets.npy")
-        for start in range(0, n, BATCH):
-            idx = order[start : start + BATCH]
+    data = data if previous else data.view(np.ndarray)
+    index = np.load(f"{directory}/{'labels' if workload == 'img' else 'offsets'}.npy")
+    for start in range(0, n, BATCH):
+        idx = order[start : start + BATCH]
+        if workload == "img":
+            batch = {"image": data[idx], "label": index[idx]}
+        else:
+            ends = index[idx + 1].tolist()
+            slices = [data[a:b] for a, b in zip(index[idx].tolist(), ends)]
             batch = {
-                "tokens": [np.array(data[offsets[i] : offsets[i + 1]]) for i in idx.tolist()],
+                "tokens": [np.array(a) for a in slices] if previous else slices,
                 "id": idx.astype(np.int64),
             }
-            nbytes += _batch_bytes(batch)
-            ttfb = ttfb if ttfb is not None else time.perf_counter() - t0
+        if not start:
+            ttfb = time.perf_counter() - t0
+        read.append(batch[key])
+        nbytes += touch(batch, scratch)
     seconds = time.perf_counter() - t0
     return {
         "seconds": seconds,
@@ -269,6 +307,7 @@ def child_memmap_read(
         "bytes": nbytes,
         "ttfb": ttfb,
         "peak_anon": mem.stop(),
+        "order": _digest(np.concatenate(read)),
     }
 
 
@@ -326,9 +365,9 @@ def measure(
     if with_baseline:
         mm_dir.mkdir(exist_ok=True)
         result["mm_write"] = run_child("memmap_write", directory=str(mm_dir), **common)
-        result["mm_read"] = run_child(
-            "memmap_read", directory=str(mm_dir), order_dir=str(snap_dir), **common
-        )
+        paths = {"directory": str(mm_dir), "order_dir": str(snap_dir)}
+        result["mm_read"] = run_child("memmap_read", **paths, **common)
+        result["mm_previous"] = run_child("memmap_read", **paths, previous=True, **common)
         _remove(mm_dir)
     _remove(snap_dir)
     return result
@@ -366,7 +405,15 @@ def print_main_table(results: list[dict[str, Any]]) -> None:
     sps = lambda r, k: r[k]["samples"] / r[k]["seconds"]  # noqa: E731
     row("shuffled read: snapstore (samples/s)", lambda r: f"{sps(r, 'snap_read'):,.0f}")
     row("shuffled read: memmap (samples/s)", lambda r: f"{sps(r, 'mm_read'):,.0f}")
-    row("  snapstore / memmap", lambda r: f"{sps(r, 'snap_read') / sps(r, 'mm_read'):.0%}")
+    row("  snapstore / memmap", lambda r: f"{sps(r, 'snap_read') / sps(r, 'mm_read'):.2f}x")
+    row(
+        "shuffled read: memmap as before issue 15 (samples/s)",
+        lambda r: f"{sps(r, 'mm_previous'):,.0f}",
+    )
+    row(
+        "  snapstore / memmap as before issue 15",
+        lambda r: f"{sps(r, 'snap_read') / sps(r, 'mm_previous'):.2f}x",
+    )
     row(
         "shuffled read: snapstore (MB/s)",
         lambda r: mb(r["snap_read"]["bytes"] / r["snap_read"]["seconds"]),
@@ -375,14 +422,20 @@ def print_main_table(results: list[dict[str, Any]]) -> None:
         "shuffled read: memmap (MB/s)",
         lambda r: mb(r["mm_read"]["bytes"] / r["mm_read"]["seconds"]),
     )
-    row("time to first batch: snapstore (ms)", lambda r: f"{1000 * r['snap_read']['ttfb']:.1f}")
-    row("time to first batch: memmap (ms)", lambda r: f"{1000 * r['mm_read']['ttfb']:.1f}")
+    row("first batch, from open: snapstore (ms)", lambda r: f"{1000 * r['snap_read']['ttfb']:.1f}")
+    row("first batch, from open: memmap (ms)", lambda r: f"{1000 * r['mm_read']['ttfb']:.1f}")
     row("peak anon RSS: snapstore write (MB)", lambda r: mb(r["snap_write"]["peak_anon"]))
     row("peak anon RSS: snapstore read (MB)", lambda r: mb(r["snap_read"]["peak_anon"]))
     row("peak anon RSS: memmap read (MB)", lambda r: mb(r["mm_read"]["peak_anon"]))
     row("shuffle |Spearman| (target <= 0.05)", lambda r: f"{abs(r['snap_read']['spearman']):.4f}")
     row("shuffle distance / uniform (>= 0.9)", lambda r: f"{r['snap_read']['distance_ratio']:.3f}")
     row("every sample read exactly once", lambda r: str(r["snap_read"]["exact"]))
+    row(
+        "memmap read the same order",
+        lambda r: str(
+            r["snap_read"]["order"] == r["snap_read"]["plan_order"] == r["mm_read"]["order"]
+        ),
+    )
     print_rows(rows)
 
 
@@ -418,7 +471,8 @@ def main() -> None:
         results = [measure(w, sizes[w], Path(tmp), options.block_bytes) for w in ("img", "tok")]
         print(
             f"# snapstore format benchmark: batch {BATCH}, one process, "
-            f"block {options.block_bytes} B\n"
+            f"block {options.block_bytes} B; reads: one shuffled epoch from open, every batch "
+            "copied by the consumer (touch)\n"
         )
         print_main_table(results)
         if options.rss_scale:

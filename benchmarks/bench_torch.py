@@ -20,8 +20,18 @@ form, best of 3 epochs after a warm-up epoch; against the bare reader in this pr
 plain-torch control sending the same batches as 256 separate tensors (what every varying-shape
 field cost across workers before it travelled as one buffer).
 
+Last, both workloads through the DataLoader with 2 workers against a memmap baseline, in
+alternating epochs: ``SnapshotIterableDataset`` (persistent workers, ``batch_size=None``)
+against a map-style dataset over numpy memmaps of the same data whose ``__getitems__`` fetches
+a whole batch with one fancy index per field (for tokens, one gather of the batch's slices into
+one buffer), driven by a batch sampler that yields, batch for batch, what the snapshot's
+workers read in each epoch (checked: both loaders deliver the same ids in the same order), with
+the same 2 workers, batch size and an identity collate. The main process gives every batch
+to the same consumer, :func:`touch`, which copies every byte of every sample.
+
     python benchmarks/bench_torch.py              # 20,000 images (~245 MB), 100,000 token rows
     python benchmarks/bench_torch.py --samples 4000 --tok-samples 20000
+    python benchmarks/bench_torch.py --only memmap    # just the memmap comparison
 """
 
 from __future__ import annotations
@@ -40,11 +50,11 @@ sys.path.insert(0, str(HERE))
 
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
-from bench_format import BATCH, img_samples, tok_samples  # noqa: E402
-from torch.utils.data import DataLoader, IterableDataset, get_worker_info  # noqa: E402
+from bench_format import BATCH, child_memmap_write, img_samples, tok_samples  # noqa: E402
+from torch.utils.data import DataLoader, Dataset, IterableDataset, get_worker_info  # noqa: E402
 
 import snapstore  # noqa: E402
-from snapstore.torch import SnapshotIterableDataset  # noqa: E402
+from snapstore.torch import RaggedList, SnapshotIterableDataset  # noqa: E402
 
 Batch = dict[str, Any]
 
@@ -141,10 +151,8 @@ class SeparateTensors(IterableDataset[Batch]):
             yield {"tokens": [t.clone() for t in batch["tokens"]], "id": batch["id"]}
 
 
-def ragged_tokens(root: Path, samples: int) -> dict[str, Any]:
+def ragged_tokens(snap: snapstore.Snapshot) -> dict[str, Any]:
     """Rates (samples/s) of the tok workload in every ragged form, with 0 and 2 workers."""
-    snap = snapstore.snapshot(tok_samples, root=root)(samples)
-    snap.materialize()
     opts = {"batch_size": BATCH, "shuffle": True, "seed": 0}
     reader = snap.batches(BATCH, shuffle=True, seed=0)
     timed(reader, "id")  # warm the page cache
@@ -164,7 +172,6 @@ def ragged_tokens(root: Path, samples: int) -> dict[str, Any]:
     ds = SnapshotIterableDataset(snap.fingerprint, snap.store.url, **opts)
     rates["file_system2"] = loader(ds, 2, epochs=3, key="id")["rate"]
     torch.multiprocessing.set_sharing_strategy(strategy)
-    snap.close()
     if len(counts) != 1:
         raise SystemExit(f"the token runs read different numbers of samples: {sorted(counts)}")
     return rates
@@ -191,16 +198,193 @@ def report_tokens(rates: dict[str, Any], samples: int) -> None:
           f"{default / rates['pad2']:.2f}x (target >= 1x)")  # fmt: skip
 
 
+# -- the DataLoader against a memmap dataset ----------------------------------------------------
+
+
+def touch(batch: Batch, scratch: dict[str, torch.Tensor]) -> int:
+    """The consumer in the main process: every sample of every field copied into a buffer reused
+    from batch to batch (a tensor in one ``copy_``, a list of tensors packed by one
+    ``torch.cat(out=)``), so every byte is read once. Returns the bytes touched."""
+    touched = 0
+    for name, value in batch.items():
+        parts = [value] if isinstance(value, torch.Tensor) else list(value)
+        flat = [part.reshape(-1) for part in parts]
+        size = sum(part.numel() for part in flat)
+        buffer = scratch.get(name)
+        if buffer is None or buffer.dtype != flat[0].dtype or buffer.numel() < size:
+            buffer = scratch[name] = torch.empty(2 * size, dtype=flat[0].dtype)
+        if len(flat) == 1:
+            buffer[:size].copy_(flat[0])
+        else:
+            torch.cat(flat, out=buffer[:size])
+        touched += size * buffer.element_size()
+    return touched
+
+
+class MemmapDataset(Dataset[Batch]):
+    """The baseline: bench_format's memmap files, a whole batch per ``__getitems__`` call.
+
+    img: ``images[idx]`` and ``labels[idx]`` (one fancy index per field). tok: the batch's
+    token slices gathered into one buffer (one ``np.concatenate``), sent as a
+    :class:`~snapstore.torch.RaggedList` over it (the form ``SnapshotIterableDataset`` yields),
+    and the ids. The files are mapped lazily, in the worker that reads.
+    """
+
+    def __init__(self, directory: str, workload: str, samples: int) -> None:
+        self.directory, self.workload, self.samples = directory, workload, samples
+        self._arrays: tuple[np.ndarray, np.ndarray] | None = None
+
+    def __len__(self) -> int:
+        return self.samples
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {**self.__dict__, "_arrays": None}
+
+    def _open(self) -> tuple[np.ndarray, np.ndarray]:
+        if self._arrays is None:
+            # a plain ndarray over the map: slicing an np.memmap makes a memmap per slice
+            data = np.load(f"{self.directory}/data.npy", mmap_mode="r").view(np.ndarray)
+            other = "labels" if self.workload == "img" else "offsets"
+            self._arrays = (data, np.load(f"{self.directory}/{other}.npy"))
+        return self._arrays
+
+    def __getitem__(self, index: int) -> Batch:
+        return self.__getitems__([index])
+
+    def __getitems__(self, indices: Any) -> Batch:
+        data, other = self._open()
+        idx = np.asarray(indices, np.int64)
+        if self.workload == "img":
+            return {"image": torch.from_numpy(data[idx]), "label": torch.from_numpy(other[idx])}
+        starts, ends = other[idx], other[idx + 1]
+        values = np.concatenate([data[a:b] for a, b in zip(starts.tolist(), ends.tolist())])
+        offsets = np.zeros(len(idx) + 1, np.int64)
+        np.cumsum(ends - starts, out=offsets[1:])
+        tokens = RaggedList(torch.from_numpy(values), torch.from_numpy(offsets))
+        return {"tokens": tokens, "id": torch.from_numpy(idx)}
+
+
+def identity(batch: Batch) -> Batch:
+    """The collate of the baseline: ``__getitems__`` already returns the batch."""
+    return batch
+
+
+class SnapshotOrder:
+    """A batch sampler: the batches the snapshot's DataLoader workers read in epoch ``epoch``
+    (:meth:`set_epoch`), interleaved as DataLoader takes them (worker 0's first, worker 1's
+    first, worker 0's second...). Epochs ``first .. first + epochs - 1`` are computed up front,
+    outside the timing."""
+
+    def __init__(self, snap: snapstore.Snapshot, seed: int, first: int, epochs: int) -> None:
+        self.orders = {e: self._epoch(snap, seed, e) for e in range(first, first + epochs)}
+        self.epoch = first
+
+    @staticmethod
+    def _epoch(snap: snapstore.Snapshot, seed: int, epoch: int) -> list[np.ndarray]:
+        shares = []
+        for worker in range(WORKERS):
+            reader = snap.batches(BATCH, shuffle=True, seed=seed, epoch=epoch, worker=worker,
+                                  num_workers=WORKERS)  # fmt: skip
+            order = reader.plan.order()
+            shares.append([order[i : i + BATCH] for i in range(0, len(order), BATCH)])
+        if len({len(share) for share in shares}) != 1:
+            raise SystemExit("the snapshot's workers read different numbers of batches")
+        return [batch for group in zip(*shares) for batch in group]
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = epoch
+
+    def __len__(self) -> int:
+        return len(self.orders[self.epoch])
+
+    def __iter__(self) -> Iterator[np.ndarray]:
+        return iter(self.orders[self.epoch])
+
+
+WORKERS = 2
+
+
+def consumed(loaded: Iterable[Batch], key: str) -> dict[str, Any]:
+    """One pass, every batch through :func:`touch`: its rate and the ids in the order read."""
+    scratch: dict[str, torch.Tensor] = {}
+    ids = []
+    began = time.perf_counter()
+    touched = 0
+    for batch in loaded:
+        touched += touch(batch, scratch)
+        ids.append(batch[key])
+    seconds = time.perf_counter() - began
+    order = torch.cat(ids).numpy()
+    return {"rate": len(order) / seconds, "mb_s": touched / seconds / 1e6, "order": order}
+
+
+def against_memmap(
+    snap: snapstore.Snapshot, workload: str, samples: int, tmp: Path, epochs: int = 3
+) -> dict[str, Any]:
+    """snapstore and the memmap dataset through DataLoaders with 2 persistent workers: a warm-up
+    pass each, then ``epochs`` passes each, alternating; the best pass of each."""
+    mm_dir = tmp / f"{workload}-memmap"
+    mm_dir.mkdir()
+    child_memmap_write(workload, samples, str(mm_dir))
+    key, seed, first = ("label" if workload == "img" else "id"), 3, 1
+    ds = SnapshotIterableDataset(snap.fingerprint, snap.store.url, batch_size=BATCH, seed=seed)
+    ds.set_epoch(first)
+    common: dict[str, Any] = {"num_workers": WORKERS, "persistent_workers": True}
+    order = SnapshotOrder(snap, seed, first, epochs + 1)
+    loaders = {
+        "snapstore": DataLoader(ds, batch_size=None, **common),
+        "memmap": DataLoader(
+            MemmapDataset(str(mm_dir), workload, samples),
+            batch_sampler=order,
+            collate_fn=identity,
+            **common,
+        ),
+    }
+    best: dict[str, dict[str, Any]] = {}
+    same = True
+    for _ in range(epochs + 1):  # the first pass of each starts its workers
+        order.set_epoch(first + _)  # the snapshot's persistent workers move on by themselves
+        runs = {name: consumed(loaded, key) for name, loaded in loaders.items()}
+        same &= np.array_equal(runs["snapstore"]["order"], runs["memmap"]["order"])
+        if _:
+            for name, run in runs.items():
+                if name not in best or run["rate"] > best[name]["rate"]:
+                    best[name] = run
+    del loaders
+    return {"workload": workload, "samples": samples, "same_order": same, **best}
+
+
+def report_memmap(results: list[dict[str, Any]]) -> None:
+    print(f"\n# DataLoader, {WORKERS} workers, batch {BATCH}, shuffled: SnapshotIterableDataset "
+          "against a map-style memmap dataset")  # fmt: skip
+    print("# (__getitems__, one fancy index per field, batch sampler in the snapshot's order)")
+    print("# samples/s and MB/s, best of 3 epochs; every byte copied in the main process\n")
+    print(f"{'workload':9} {'samples':>8} {'snapstore':>10} {'memmap':>10} {'MB/s':>7} "
+          f"{'MB/s':>7} {'ratio':>6}  same order")  # fmt: skip
+    for r in results:
+        snap, mm = r["snapstore"], r["memmap"]
+        print(f"{r['workload']:9} {r['samples']:>8,} {snap['rate']:>10,.0f} {mm['rate']:>10,.0f} "
+              f"{snap['mb_s']:>7,.0f} {mm['mb_s']:>7,.0f} {snap['rate'] / mm['rate']:>5.2f}x  "
+              f"{r['same_order']}")  # fmt: skip
+    for r in results:
+        ratio = r["snapstore"]["rate"] / r["memmap"]["rate"]
+        print(f"{r['workload']}: DataLoader {WORKERS} workers, snapstore / memmap dataset: "
+              f"{ratio:.2f}x (target >= 1.0x)")  # fmt: skip
+    if not all(r["same_order"] for r in results):
+        raise SystemExit("snapstore and the memmap dataset read different orders")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--samples", type=int, default=20_000)
     parser.add_argument("--tok-samples", type=int, default=None, help="default: 5 x --samples")
+    parser.add_argument("--only", choices=("all", "memmap"), default="all")
     parser.add_argument("--tmp", default=None)
     args = parser.parse_args()
     warnings.filterwarnings("ignore", message=".*set_vital.*")
     torch.set_num_threads(1)  # one core per process, as DataLoader workers get
-    rows = []
-    counts: set[float] = set()
+    tok_count = args.tok_samples or 5 * args.samples
+    compared = []
     with tempfile.TemporaryDirectory(dir=args.tmp) as tmp:
 
         def images(n: int) -> Any:
@@ -209,27 +393,49 @@ def main() -> None:
         snap = snapstore.snapshot(images, root=Path(tmp))(args.samples)
         snap.materialize()
         bare(snap, None)  # warm the page cache
-        held = [dict(b) for b in snap.batches(BATCH, shuffle=True, seed=1)]
-        for name, work in TRANSFORMS.items():
-            opts = {"batch_size": BATCH, "shuffle": True, "seed": 1}
-            ds = (
-                SnapshotIterableDataset(snap.fingerprint, snap.store.url, **opts)
-                if work is None
-                else Transformed(snap.fingerprint, snap.store.url, work=work, **opts)
-            )
-            ds.set_epoch(1)
-            runs = {"reader": bare(snap, work)}
-            for workers in (0, 2):
-                runs[f"loader{workers}"] = loader(ds, workers)
-                if work is not None:
-                    runs[f"control{workers}"] = loader(InMemory(held, work), workers)
-            counts |= {r["samples"] for r in runs.values()}
-            rows.append({"transform": name, **{k: r["rate"] for k, r in runs.items()}})
+        rows = [] if args.only == "memmap" else transform_rows(snap)
+        compared.append(against_memmap(snap, "img", args.samples, Path(tmp)))
         snap.close()
-    tok_count = args.tok_samples or 5 * args.samples
     with tempfile.TemporaryDirectory(dir=args.tmp) as tmp:
-        tok_rates = ragged_tokens(Path(tmp), tok_count)
-    print(f"# img workload, {args.samples:,} samples, batch {BATCH}, shuffled, 2 cores")
+        snap = snapstore.snapshot(tok_samples, root=Path(tmp))(tok_count)
+        snap.materialize()
+        tok_rates = None if args.only == "memmap" else ragged_tokens(snap)
+        compared.append(against_memmap(snap, "tok", tok_count, Path(tmp)))
+        snap.close()
+    if rows:
+        report_transforms(rows, args.samples)
+    if tok_rates:
+        report_tokens(tok_rates, tok_count)
+    report_memmap(compared)
+
+
+def transform_rows(snap: snapstore.Snapshot) -> list[dict[str, Any]]:
+    """The img table: the bare reader and the DataLoader with 0 and 2 workers, per transform."""
+    rows = []
+    counts: set[float] = set()
+    held = [dict(b) for b in snap.batches(BATCH, shuffle=True, seed=1)]
+    for name, work in TRANSFORMS.items():
+        opts = {"batch_size": BATCH, "shuffle": True, "seed": 1}
+        ds = (
+            SnapshotIterableDataset(snap.fingerprint, snap.store.url, **opts)
+            if work is None
+            else Transformed(snap.fingerprint, snap.store.url, work=work, **opts)
+        )
+        ds.set_epoch(1)
+        runs = {"reader": bare(snap, work)}
+        for workers in (0, 2):
+            runs[f"loader{workers}"] = loader(ds, workers)
+            if work is not None:
+                runs[f"control{workers}"] = loader(InMemory(held, work), workers)
+        counts |= {r["samples"] for r in runs.values()}
+        rows.append({"transform": name, **{k: r["rate"] for k, r in runs.items()}})
+    if len(counts) != 1:
+        raise SystemExit(f"the runs read different numbers of samples: {sorted(counts)}")
+    return rows
+
+
+def report_transforms(rows: list[dict[str, Any]], samples: int) -> None:
+    print(f"# img workload, {samples:,} samples, batch {BATCH}, shuffled, 2 cores")
     print("# samples/s; DataLoader rows are the 2nd epoch of persistent workers\n")
     print(
         f"{'transform':10} {'reader':>9} {'DL 0 w':>9} {'DL 2 w':>9} {'2 w/reader':>11} "
@@ -255,9 +461,6 @@ def main() -> None:
         ratio, control = row["loader2"] / row["reader"], row["control2"] / row["control0"]
         print(f"{row['transform']}: DataLoader 2 workers / one-process reader: {ratio:.2f}x "
               f"(target >= 1.5x; what 2 processes gain here at all: {control:.2f}x)")  # fmt: skip
-    if len(counts) != 1:
-        raise SystemExit(f"the runs read different numbers of samples: {sorted(counts)}")
-    report_tokens(tok_rates, tok_count)
 
 
 if __name__ == "__main__":

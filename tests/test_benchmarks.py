@@ -25,7 +25,9 @@ def test_bench_format_smoke(tmp_path: Path) -> None:
     assert out.returncode == 0, out.stderr
     lines = {line.split("  ")[0]: line.split() for line in out.stdout.splitlines() if line}
     assert lines["every sample read exactly once"][-2:] == ["True", "True"]
-    assert "shuffled read: snapstore (samples/s)" in lines
+    assert lines["memmap read the same order"][-2:] == ["True", "True"]
+    for label in ("shuffled read: snapstore (samples/s)", "first batch, from open: memmap (ms)"):
+        assert label in lines, out.stdout
 
 
 def test_bench_reader_smoke(tmp_path: Path) -> None:
@@ -68,6 +70,10 @@ def test_bench_torch_smoke(tmp_path: Path) -> None:
         assert f"{transform}: DataLoader 2 workers / one-process reader:" in out.stdout
     assert "DataLoader overhead, 0 workers / reader (no transform)" in out.stdout
     assert "tok: default ragged='list', 2 workers / 0 workers:" in out.stdout
+    rows = {line.split()[0]: line.split() for line in out.stdout.splitlines() if line.strip()}
+    for workload in ("img", "tok"):
+        assert f"{workload}: DataLoader 2 workers, snapstore / memmap dataset:" in out.stdout
+        assert rows[workload][-1] == "True", out.stdout  # both loaders read the same order
 
 
 def test_bench_engines_smoke() -> None:
