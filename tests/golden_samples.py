@@ -36,3 +36,27 @@ def golden_v1_samples(n: int = GOLDEN_V1_COUNT) -> list[dict[str, Any]]:
             }
         )
     return out
+
+
+GOLDEN_V2 = "goldenformatv2"  # the fingerprint of tests/golden/format-v2
+GOLDEN_V2_COUNT = 40
+
+
+def golden_v2_samples(n: int = GOLDEN_V2_COUNT) -> list[dict[str, Any]]:
+    """The version 1 samples plus every kind version 2 added: lists of str and bytes, nested
+    dicts (structs, one with a nullable field) and nullable str, bytes and array fields."""
+    out = []
+    for i, sample in enumerate(golden_v1_samples(n)):
+        box = None if i % 3 == 0 else np.full(4, i / 2, np.float32)
+        out.append(
+            {
+                **sample,
+                "tags": [f"t{j}" for j in range(i % 4)],  # empty every fourth sample
+                "blobs": [bytes([i, j]) for j in range(i % 3)],
+                "caption": None if i % 5 == 0 else f"caption {i}",
+                "payload": None if i % 4 == 1 else bytes([i]) * (i % 6),
+                "box": box,
+                "meta": {"w": i * 2, "h": None if i % 2 else i, "name": f"m{i}"},
+            }
+        )
+    return out
