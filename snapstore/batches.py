@@ -2,8 +2,10 @@
 
 :class:`BatchReader` ties the pieces together: the pure :class:`~snapstore.plan.EpochPlan`
 says which samples, in which order; the :class:`~snapstore.prefetch.Prefetcher` fetches and
-decodes their blocks ahead of use; each chunk (a shuffle window, or part of one) is gathered
-into columns once, and batches are slices of it.
+decodes their blocks ahead of use; an assembler thread locates each chunk's rows (a shuffle
+window, or part of one) once and copies each batch from the decoded blocks straight into arrays
+allocated for it (:mod:`snapstore.assemble`, numpy copies that release the GIL), handing
+finished batches to the consumer through a bounded queue (:mod:`snapstore.handoff`).
 """
 
 from __future__ import annotations
@@ -17,11 +19,12 @@ from typing import Any
 
 import numpy as np
 
-from .columns import RowCopy, gather, nest_batch
+from .assemble import Allocate, BatchBuilder, chunk_rows
 from .errors import ResumeError
+from .handoff import Handoff
 from .plan import EpochPlan, PlanOptions
 from .prefetch import Prefetcher, ReadStats
-from .ragged import FORMS, RaggedRows, check_form, emit
+from .ragged import FORMS, check_form
 from .reader import SnapshotReader
 
 __all__ = ["BatchReader"]
@@ -33,6 +36,9 @@ STATE_VERSION = 1
 # partition is compared as (consumer, consumers): 2 ranks of 2 workers read what 4 ranks of 1 do.
 _ORDER_KEYS = ("epoch", "seed", "shuffle", "window_blocks", "drop_last")
 RAGGED_FORMS = FORMS
+# Finished batches the assembler thread may hold ahead of the consumer: one being taken while
+# the next waits covers the consumer's jitter; more would only add memory.
+_READY_BATCHES = 2
 
 
 def _consumer(state: dict[str, Any]) -> tuple[Any, Any]:
@@ -65,6 +71,14 @@ class BatchReader:
     one flat array, sample ``i`` at ``<name>_offsets[i]:<name>_offsets[i + 1]`` (int64, shape
     ``(batch + 1,)``), with ``<name>_shapes`` (int64, ``(batch, ndim)``) for fields of more
     than one dimension.
+
+    Batches are made on a thread of their own (``snapstore-assemble``), at most two ahead of
+    the consumer; every array of a batch is new (``allocate``'s), except that a batch whose
+    rows are consecutive rows of one block is a read-only view of it when ``allocate`` is None.
+    ``allocate(specs)`` (attribute or argument; set it before iterating) returns one new,
+    writable, C-contiguous array per ``(shape, dtype)`` of a batch, for all of them at once:
+    :class:`snapstore.torch.SnapshotIterableDataset` passes one that puts each batch in one
+    shared-memory buffer in DataLoader workers. It is called on the assembler thread.
     """
 
     def __init__(
@@ -82,6 +96,7 @@ class BatchReader:
         max_requests: int | None = None,
         decode_threads: int | None = None,
         ragged: str = "list",
+        allocate: Allocate | None = None,
     ) -> None:
         if isinstance(batch_size, bool) or operator.index(batch_size) < 1:
             raise ValueError(f"batch_size must be a positive integer, got {batch_size!r}")
@@ -101,6 +116,8 @@ class BatchReader:
         self._start = 0  # where the next pass starts (set_state)
         self._position = 0  # samples yielded so far in the current pass
         self._prefetcher: Prefetcher | None = None
+        self._handoff: Handoff[tuple[dict[str, Any], int]] | None = None
+        self.allocate = allocate
         self._stats = ReadStats()
 
     def _plan(self, epoch: int) -> EpochPlan:
@@ -214,7 +231,8 @@ class BatchReader:
         return self._stats
 
     def close(self) -> None:
-        """Stop the current pass's threads (iterating again starts a new pass)."""
+        """Stop the current pass's threads, the assembler's included (iterating again starts a
+        new pass)."""
         if self._prefetcher is not None:
             self._end_pass()
 
@@ -226,6 +244,9 @@ class BatchReader:
 
     def _end_pass(self) -> None:
         prefetcher, self._prefetcher = self._prefetcher, None
+        handoff, self._handoff = self._handoff, None
+        if handoff is not None:
+            handoff.close()  # closes the prefetcher too, then joins the assembler thread
         if prefetcher is None:
             return
         prefetcher.close()
@@ -240,74 +261,70 @@ class BatchReader:
         self._start = 0
         self._position = start
         self._stats = ReadStats()
-        self._prefetcher = self.reader.prefetch(
+        prefetcher = self.reader.prefetch(
             self.plan.chunks(start),
             first_part=self.batch_size,
             budget_bytes=self.prefetch_bytes,
             max_requests=self.max_requests,
             decode_threads=self.decode_threads,
         )
-        return self._batches(self._prefetcher)
+        self._prefetcher = prefetcher
+        self._handoff = Handoff(
+            self._assemble(prefetcher),
+            depth=_READY_BATCHES,
+            name="snapstore-assemble",
+            wake=prefetcher.close,
+        )
+        return self._batches(self._handoff)
 
-    def _batches(self, prefetcher: Prefetcher) -> Iterator[dict[str, Any]]:
-        # Each chunk is gathered in one go; batches are then slices of it, zero-copy except for
-        # the one batch that straddles two chunks.
-        pieces: collections.deque[list[Any]] = collections.deque()  # [columns, start, stop]
+    def _assemble(self, prefetcher: Prefetcher) -> Iterator[tuple[dict[str, Any], int]]:
+        """The pass's batches and their sizes, made on the assembler thread: each chunk's rows
+        are located once, and each batch is copied from the decoded blocks straight into the
+        arrays allocated for it (see :mod:`snapstore.assemble`)."""
+        pieces: collections.deque[list[Any]] = collections.deque()  # [rows, start, stop]
         buffered = 0
         schema = self.reader.schema
+        builder = BatchBuilder(schema, self.ragged, self.allocate)
+        for idx, decoded in prefetcher:
+            blocks, rows = self.reader.locate(idx)
+            unique, which = np.unique(blocks, return_inverse=True)
+            chunk = chunk_rows(schema, [decoded[int(b)] for b in unique], which, rows)
+            del decoded  # the chunk's rows keep what they still need, no more
+            pieces.append([chunk, 0, len(idx)])
+            del chunk
+            buffered += len(idx)
+            while buffered >= self.batch_size:
+                buffered -= self.batch_size
+                yield builder.build(_cut(pieces, self.batch_size)), self.batch_size
+        if buffered and not self.options.drop_last:
+            yield builder.build(_cut(pieces, buffered)), buffered
+
+    def _batches(self, handoff: Handoff[tuple[dict[str, Any], int]]) -> Iterator[dict[str, Any]]:
         try:
-            for idx, decoded in prefetcher:
-                blocks, rows = self.reader.locate(idx)
-                unique, which = np.unique(blocks, return_inverse=True)
-                columns = gather(schema, [decoded[int(b)] for b in unique], which, rows)
-                del decoded  # gathered columns keep what they still need, no more
-                pieces.append([columns, 0, len(idx)])
-                del columns
-                buffered += len(idx)
-                while buffered >= self.batch_size:
-                    buffered -= self.batch_size
-                    self.reader.check_kept()
-                    yield self._emit(pieces, self.batch_size)
-            if buffered and not self.options.drop_last:
+            for batch, size in handoff:
                 self.reader.check_kept()
-                yield self._emit(pieces, buffered)
+                self._position += size
+                self._stats.samples += size
+                self._stats.batches += 1
+                yield batch
+                del batch
         finally:
-            if self._prefetcher is prefetcher:
+            if self._handoff is handoff:
                 self._end_pass()
             else:
-                prefetcher.close()
+                handoff.close()
 
-    def _emit(self, pieces: collections.deque[list[Any]], size: int) -> dict[str, Any]:
-        batch = self._take(pieces, size)
-        self._position += size
-        self._stats.samples += size
-        self._stats.batches += 1
-        return batch
 
-    def _take(self, pieces: collections.deque[list[Any]], size: int) -> dict[str, Any]:
-        parts = []
-        while size:
-            piece = pieces[0]
-            columns, start, stop = piece
-            count = min(size, stop - start)
-            parts.append((columns, start, start + count))
-            piece[1] += count
-            size -= count
-            if piece[1] == stop:
-                pieces.popleft()
-        batch: dict[str, Any] = {}
-        for field in self.reader.schema.flat().fields:  # nested fields by path, _valid masks
-            name = field.name
-            sliced = [columns[name][a:b] for columns, a, b in parts]
-            if isinstance(sliced[0], RaggedRows):
-                emit(field, sliced, self.ragged, batch)
-                continue
-            sliced = [p.materialize() if isinstance(p, RowCopy) else p for p in sliced]
-            if len(sliced) == 1:
-                value = sliced[0]
-            elif isinstance(sliced[0], np.ndarray):
-                value = np.concatenate(sliced)
-            else:
-                value = [item for part in sliced for item in part]
-            batch[name] = value
-        return nest_batch(self.reader.schema, batch, self.ragged)
+def _cut(pieces: collections.deque[list[Any]], size: int) -> list[tuple[dict[str, Any], int, int]]:
+    """The next ``size`` rows of the pieces, as (chunk rows, start, stop) runs."""
+    parts = []
+    while size:
+        piece = pieces[0]
+        chunk, start, stop = piece
+        count = min(size, stop - start)
+        parts.append((chunk, start, start + count))
+        piece[1] += count
+        size -= count
+        if piece[1] == stop:
+            pieces.popleft()
+    return parts

@@ -36,6 +36,7 @@ __all__ = [
     "column_rows",
     "conform_columns",
     "gather",
+    "gather_objects",
     "infer_columns",
     "nest_batch",
     "normalize_columns",
@@ -213,14 +214,14 @@ def gather(
     for field in schema.flat().fields:
         cols = [b.column(field.name) for b in blocks]
         if field.kind in ("str", "bytes", "list"):
-            out[field.name] = _gather_objects(cols, which, rows)
+            out[field.name] = gather_objects(cols, which, rows)
         elif field.kind == "array" and not field.fixed:
             out[field.name] = RaggedRows(field, cols, which, rows)
         elif not cols:
             out[field.name] = np.empty((0, *(field.shape or ())), dtype=field.np_dtype)
         elif len(cols) == 1:
             out[field.name] = _take_rows(cols[0], rows)
-        elif cols[0].strides[0] >= _ROW_COPY_BYTES:
+        elif cols[0].strides[0] >= ROW_COPY_BYTES:
             out[field.name] = RowCopy(cols, which, rows)
         else:
             starts = np.cumsum([0] + [len(c) for c in cols[:-1]])
@@ -228,9 +229,10 @@ def gather(
     return out
 
 
-def _gather_objects(
+def gather_objects(
     cols: list[Any], which: np.ndarray[Any, Any], rows: np.ndarray[Any, Any]
 ) -> list[Any]:
+    """Python values of str, bytes and list fields: Arrow ``take`` per block, in sample order."""
     items: list[Any] = [None] * len(rows)
     for k, col in enumerate(cols):
         positions = np.flatnonzero(which == k)
@@ -281,7 +283,7 @@ def _nest(fields: Sequence[Field], flat: dict[str, Any]) -> dict[str, Any]:
 
 # Rows at least this large are copied one by one straight into place: one pass over memory.
 # A fancy-index gather then scatter makes two, and is 2.5x slower once blocks are out of cache.
-_ROW_COPY_BYTES = 1024
+ROW_COPY_BYTES = 1024
 
 
 class RowCopy:

@@ -48,7 +48,7 @@ import numpy as np
 from .errors import FormatError, StoreError
 from .format import BLOCK_ALIGNMENT
 
-__all__ = ["Concurrency", "Prefetcher", "ReadStats"]
+__all__ = ["Concurrency", "Prefetcher", "PrefetcherClosedError", "ReadStats"]
 
 log = logging.getLogger(__name__)
 
@@ -65,6 +65,10 @@ _TRANSIENT = (OSError, StoreError, TimeoutError, ConnectionError)
 _MAX_GAP = BLOCK_ALIGNMENT
 # Request latencies kept per pass for the p95.
 _SAMPLE = 4096
+
+
+class PrefetcherClosedError(RuntimeError):
+    """The prefetcher was closed (by another thread) while its consumer waited for blocks."""
 
 
 @dataclass
@@ -586,6 +590,8 @@ class Prefetcher:
                 while b not in self._ready:
                     if self._failure is not None:
                         raise self._failure
+                    if self._stopped:  # closed from another thread (the batch assembler's)
+                        raise PrefetcherClosedError("prefetcher closed while a chunk was awaited")
                     self._cond.wait()
                 value = self._ready[b]
                 if isinstance(value, BaseException):

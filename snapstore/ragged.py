@@ -15,6 +15,7 @@ without copying anything, and a batch's slice of it becomes one of the forms of
 from __future__ import annotations
 
 import math
+import operator
 from collections.abc import Sequence
 from typing import Any, NamedTuple, Protocol
 
@@ -22,7 +23,17 @@ import numpy as np
 
 from .schema import Field, Schema
 
-__all__ = ["FORMS", "Packed", "RaggedRows", "check_form", "emit", "pack_arrays", "pad_ragged"]
+__all__ = [
+    "FORMS",
+    "Packed",
+    "RaggedRows",
+    "check_form",
+    "emit",
+    "pack_arrays",
+    "pad_into",
+    "pad_ragged",
+    "pad_shapes",
+]
 
 FORMS = ("list", "pad", "packed")
 # The fields each form adds next to a varying-shape field ``name``, by suffix.
@@ -112,13 +123,32 @@ class RaggedRows:
         cols = self.cols
         return [cols[w].row(r) for w, r in zip(self.which.tolist(), self.rows.tolist())]
 
+    def contiguous(self) -> bool:
+        """Whether the rows lie one after another in one block (their values are one slice)."""
+        return len(self.cols) == 1 and bool(np.array_equal(self.starts[1:], self.stops[:-1]))
+
+    def fill_values(self, out: np.ndarray[Any, Any]) -> None:
+        """Copy the rows' stored values one after another into ``out`` (1-D, of the stored
+        dtype, ``sum(stops - starts)`` long): one ``np.concatenate`` into ``out``, whose copies
+        run without the GIL; the per-row views are made by C-level ``map`` calls."""
+        if not len(self.rows):
+            return
+        if self.contiguous():
+            np.copyto(out, self.cols[0].values[int(self.starts[0]) : int(self.stops[-1])])
+            return
+        blocks = [c.values for c in self.cols]
+        sources = map(blocks.__getitem__, self.which.tolist())
+        bounds = map(slice, self.starts.tolist(), self.stops.tolist())
+        views: list[np.ndarray[Any, Any]] = list(map(_slice, sources, bounds))
+        np.concatenate(views, out=out)
+
     def pack(self) -> Packed:
         """The rows copied into one buffer: values, offsets and (rank > 1) shapes."""
         lengths = self.stops - self.starts
         offsets = np.zeros(len(lengths) + 1, np.int64)
         np.cumsum(lengths, out=offsets[1:])
         first = self.cols[0].values if self.cols else np.empty(0, self.field.storage_dtype())
-        if len(self.cols) == 1 and np.array_equal(self.starts[1:], self.stops[:-1]):
+        if self.contiguous():
             # consecutive rows of one block (an unshuffled read): a read-only view, no copy
             values = first[int(self.starts[0]) : int(self.stops[-1])] if len(lengths) else first[:0]
         elif len(lengths):
@@ -130,6 +160,9 @@ class RaggedRows:
         else:
             values = first[:0].copy()
         return _from_storage(self.field, values, offsets, self.shapes)
+
+
+_slice: Any = operator.getitem  # array[bounds]; typed loosely, as numpy's overloads confuse map
 
 
 def _from_storage(
@@ -184,13 +217,26 @@ def pad_ragged(
     Returns the padded array ``(batch, *max_shape)`` and the true shapes: ``(batch,)`` lengths
     for 1-D fields, ``(batch, ndim)`` for higher ranks.
     """
+    shapes, top = pad_shapes(arrays, field)
+    padded = np.zeros((len(arrays), *top), dtype=field.np_dtype)
+    pad_into(arrays, padded)
+    return padded, shapes[:, 0].copy() if shapes.shape[1] == 1 else shapes
+
+
+def pad_shapes(
+    arrays: Sequence[np.ndarray[Any, Any]], field: Field
+) -> tuple[np.ndarray[Any, Any], tuple[int, ...]]:
+    """The arrays' shapes, int64 ``(batch, ndim)``, and the largest shape, to pad them to."""
     ndim = len(field.shape or ())
     shapes = np.array([a.shape for a in arrays], dtype=np.int64).reshape(len(arrays), ndim)
     top = shapes.max(axis=0) if len(arrays) else np.zeros(ndim, np.int64)
-    padded = np.zeros((len(arrays), *top.tolist()), dtype=field.np_dtype)
+    return shapes, tuple(top.tolist())
+
+
+def pad_into(arrays: Sequence[np.ndarray[Any, Any]], padded: np.ndarray[Any, Any]) -> None:
+    """Copy each array into the corner of its row of ``padded`` (already zeroed)."""
     for out, a in zip(padded, arrays):
         out[tuple(slice(0, n) for n in a.shape)] = a
-    return padded, shapes[:, 0].copy() if ndim == 1 else shapes
 
 
 def emit(field: Field, parts: Sequence[RaggedRows], form: str, batch: dict[str, Any]) -> None:
