@@ -226,7 +226,8 @@ def _launch(
     if len(running) >= engine.workers:
         job.waits.clear()
         return False, False
-    if not job.fresh and any(t.partition in job.status.claims for t in pending):
+    held = job.status.claims.keys() | job.waits.keys()
+    if not job.fresh and any(t.partition in held for t in pending):
         pending[:] = _left(job, pending)  # other jobs held some: list again, all at once
     listed, job.fresh = job.fresh, False
     states = job.claim_states(pending) if listed else {}
@@ -242,6 +243,8 @@ def _launch(
             pending.remove(task)
             job.done_elsewhere(1)
             continue
+        # As just listed; from an older listing, inspected afresh (a claim released since,
+        # e.g. this job's own after a failed submit, must be seen to be taken over).
         observed = states.get(p, claims.ClaimState()) if listed else None
         claim, state = claims.acquire(
             job.store,
