@@ -203,6 +203,8 @@ class ReadGuard:
 
     def start(self) -> None:
         """Write the pin and confirm it on a background thread (once; not after release)."""
+        if self._thread.ident is not None:
+            return  # started: the common case, on every read of an open snapshot
         with self._lock:
             if not self._released.is_set() and self._thread.ident is None:
                 self._thread.start()

@@ -36,7 +36,7 @@ from .explain import diff_parts
 from .fingerprint import Fingerprint, fingerprint_stage
 from .importname import module_name
 from .parallel import PartitionJob, compute_partitions
-from .partitions import commit_partitions, partition_dir
+from .partitions import commit_partitions, remove_partition_claims
 from .plan import PlanOptions
 from .progress import ProgressArg, Reporter, holder_text, open_reporter, tee
 from .reader import (
@@ -592,8 +592,7 @@ class Stage:
             return
         if not snap.committed:
             commit_partitions(store, fp, len(calls), self._manifest_extra(snap), schema=self.schema)
-            for p in range(len(calls)):
-                claims.remove_claims(store, partition_dir(fp, p))
+            remove_partition_claims(store, fp, range(len(calls)))
 
     def _manifest_extra(self, snap: Snapshot) -> dict[str, Any]:
         fp = snap._fp

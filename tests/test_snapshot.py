@@ -173,7 +173,7 @@ def test_open_reads_once_and_the_first_read_confirms_the_commit(tmp_path: Path) 
     assert len(same) == 6
     old_run = changed._metadata.manifest["run"] if changed._metadata else None
     remove_snapshot(LocalStore(tmp_path), fp, respect_pins=False)
-    with pytest.raises(SnapshotRemovedError, match="was removed .* as it was opened"):
+    with pytest.raises(SnapshotRemovedError, match=r"was removed .* as it was opened"):
         len(removed)
     assert not list(tmp_path.glob(f"{fp}/pins/pin-*"))  # its pin was released
     stage(6).materialize()  # committed again, by another run

@@ -16,10 +16,10 @@ import pytest
 
 pytest.importorskip("torch")
 
-import snapstore  # noqa: E402
-from snapstore.handle import SnapshotHandle  # noqa: E402
-from snapstore.simulate import simulated_store  # noqa: E402
-from snapstore.torch import SnapshotIterableDataset  # noqa: E402
+import snapstore
+from snapstore.handle import SnapshotHandle
+from snapstore.simulate import simulated_store
+from snapstore.torch import SnapshotIterableDataset
 
 
 def numbers(n: int) -> Iterator[dict[str, Any]]:
@@ -73,9 +73,7 @@ def test_a_spawned_worker_makes_no_metadata_request(tmp_path: Path, fingerprint:
     assert "shard-00000.snap" in names, out
 
 
-def test_a_handle_from_an_unpinned_sender_pins_for_itself(
-    tmp_path: Path, fingerprint: str
-) -> None:
+def test_a_handle_from_an_unpinned_sender_pins_for_itself(tmp_path: Path, fingerprint: str) -> None:
     """A snapshot that relies on another process's pin does not pass that reliance on: what it
     sends makes the next process read and pin for itself."""
     snap = snapstore.open(fingerprint, root=str(tmp_path))
