@@ -93,11 +93,13 @@ def craft_snapshot(root: str, source: str, blocks: int, fingerprint: str = "f" *
         "raw_bytes": blocks * int(entry["raw_length"][0]),
         "stored_bytes": blocks * int(entry["length"][0]),
         "shards": [{**shard, "blocks": blocks}],
-        "index": {"path": fmt.INDEX_NAME, "size": len(index), "crc32": fmt.checksum(index)},
+        "index": {"path": fmt.INDEX_NAME, "size": len(index), "checksum": reader.checksum(index)},
     }
     data = fmt.dump_json(manifest)
     (run_dir / fmt.MANIFEST_NAME).write_bytes(data)
-    record = fmt.CommitRecord(fingerprint, run, len(data), fmt.checksum(data), "2026-01-01")
+    record = fmt.CommitRecord(
+        fingerprint, run, len(data), fmt.CommitRecord.checksum(data), "2026-01-01"
+    )
     Path(root, fingerprint, fmt.COMMIT_NAME).write_bytes(record.to_bytes())
     return fingerprint
 

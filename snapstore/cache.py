@@ -18,8 +18,9 @@ Why this is safe without locks:
   then published with ``os.replace`` (atomic). Concurrent writers of one key write the same
   bytes; the last rename wins and readers see one whole file or the other.
 - **Every entry is verified.** A 64-byte header holds a magic, the payload's length and its
-  CRC-32; a short, foreign or corrupt entry counts as a miss, is removed, and the block is read
-  from the store again (the reader checks each block against the block index as well).
+  CRC-32C (format version 3's fast checksum, whatever the snapshot's own algorithm); a short,
+  foreign or corrupt entry counts as a miss, is removed, and the block is read from the store
+  again (the reader checks each block against the block index, with the snapshot's algorithm).
 - **Eviction never breaks a reader.** Entries are evicted least recently used first, by an access
   time the cache keeps itself (it sets the entry's mtime on every hit, since atime is often
   disabled). A reader has the entry open before it reads; on POSIX an open file survives
@@ -30,7 +31,9 @@ Why this is safe without locks:
   later scan removes it once it is old. Processes sharing the directory each track its size
   approximately and rescan it often enough to converge (see :class:`BlockCache`).
 
-Layout under the cache directory: ``v1/<first two hex digits of the key>/<key>``.
+Layout under the cache directory: ``v2/<first two hex digits of the key>/<key>`` (``v1/``
+held entries checksummed with CRC-32, before version 3 of the format; snapstore no longer reads
+it, and it can be deleted).
 """
 
 from __future__ import annotations
@@ -47,13 +50,13 @@ import struct
 import sys
 import threading
 import time
-import zlib
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
 
 import pyarrow as pa
 
+from .checksums import CRC32C
 from .errors import StoreError
 from .store import LocalStore, Store, open_store
 
@@ -68,9 +71,9 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
-_LAYOUT = "v1"  # a new entry format gets a new directory, so old entries are never misread
-_MAGIC = b"SNAPBLK1"
-_HEADER = struct.Struct("<8sQI")  # magic, payload length, CRC-32 of the payload
+_LAYOUT = "v2"  # a new entry format gets a new directory, so old entries are never misread
+_MAGIC = b"SNAPBLK2"
+_HEADER = struct.Struct("<8sQI")  # magic, payload length, CRC-32C of the payload
 # The header is padded so the payload starts 64-byte aligned in the file, as blocks do in shards.
 _HEADER_BYTES = 64
 _KEY = re.compile(r"[0-9a-f]{64}")
@@ -246,7 +249,7 @@ class BlockCache:
             )
             return False
         self._make_room(size)
-        header = _HEADER.pack(_MAGIC, view.nbytes, zlib.crc32(view)).ljust(_HEADER_BYTES, b"\0")
+        header = _HEADER.pack(_MAGIC, view.nbytes, CRC32C(view)).ljust(_HEADER_BYTES, b"\0")
         tmp = path.with_name(f".{key}.{os.getpid()}.{secrets.token_hex(4)}.tmp")
         try:
             path.parent.mkdir(parents=True, exist_ok=True)  # the directory may have been deleted
@@ -407,7 +410,7 @@ def _read_entry(f: io.FileIO) -> tuple[memoryview | None, str]:
         if not n:
             return None, f"ends after {_HEADER_BYTES + got} bytes"
         got += n
-    if zlib.crc32(view) != crc:
+    if CRC32C(view) != crc:
         return None, "checksum mismatch"
     return view.toreadonly(), ""
 

@@ -1,10 +1,12 @@
 """Copying a committed snapshot from one store to another, resumably.
 
 :func:`copy_snapshot` streams every shard of a committed snapshot to the destination in bounded
-chunks, checking each block's CRC-32 against the block index as the bytes go by, then writes
+chunks, checking each block's checksum against the block index as the bytes go by, then writes
 the index and a manifest under a new run and creates ``<fp>/COMMIT`` only if absent (the same
 commit protocol as a writer, docs/format.md section 10). Nothing is visible at the destination
-before that last step.
+before that last step. The copy keeps the source's format version and checksum algorithm
+(CRC-32 for versions 1 and 2, the manifest's ``checksum`` since 3): shards and index are copied
+byte for byte, and checked with the source's algorithm.
 
 The destination run is named ``copy-<source run>``: deterministic, so an interrupted copy
 leaves an uncommitted run that the next attempt finds again. There, a shard of the right size
@@ -26,7 +28,6 @@ import hashlib
 import logging
 import threading
 import time
-import zlib
 from collections.abc import Callable
 from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
 from dataclasses import dataclass
@@ -35,6 +36,7 @@ from typing import Any, Literal
 import numpy as np
 
 from . import format as fmt
+from .checksums import Checksum, file_checksum
 from .errors import CorruptBlockError, FormatError, SnapshotNotFoundError, StoreError
 from .reader import SnapshotReader
 from .store import Store
@@ -124,16 +126,17 @@ def copy_run_name(source_run: str) -> str:
 
 
 class _BlockChecker:
-    """Checks the CRC-32 of every block of one shard from chunks fed in file order.
+    """Checks the checksum of every block of one shard from chunks fed in file order.
 
     Pure: it sees bytes, never a store. Blocks are taken in offset order; a block spanning
-    chunks carries its running CRC from one to the next.
+    chunks carries its running checksum from one to the next.
     """
 
-    def __init__(self, blocks: np.ndarray[Any, Any], shard: str) -> None:
+    def __init__(self, blocks: np.ndarray[Any, Any], shard: str, checksum: Checksum) -> None:
         ordered = blocks[np.argsort(blocks["offset"], kind="stable")]
         self._blocks = [(int(b["offset"]), int(b["length"]), int(b["checksum"])) for b in ordered]
         self._shard = shard
+        self._update = checksum.update
         self._next = 0
         self._crc = 0
 
@@ -145,10 +148,10 @@ class _BlockChecker:
             stop = offset + length
             lo, hi = max(offset, start), min(stop, end)
             if hi > lo:
-                self._crc = zlib.crc32(data[lo - start : hi - start], self._crc)
+                self._crc = self._update(data[lo - start : hi - start], self._crc)
             if stop > end:
                 return  # continues in the next chunk
-            if self._crc & 0xFFFFFFFF != expected:
+            if self._crc != expected:
                 raise CorruptBlockError(
                     f"block at offset {offset} of shard {self._shard!r} does not match its "
                     f"checksum in the block index (expected {expected:#010x}); the shard is "
@@ -176,6 +179,7 @@ class _ShardJob:
     dest: str  # path in the destination store
     size: int
     blocks: np.ndarray[Any, Any]
+    checksum: Checksum  # the source snapshot's algorithm
 
 
 class _Copier:
@@ -216,7 +220,7 @@ class _Copier:
         try:
             if not self.dst.exists(job.dest) or self.dst.size(job.dest) != job.size:
                 return False
-            checker = _BlockChecker(job.blocks, self.dst.join(job.dest))
+            checker = _BlockChecker(job.blocks, self.dst.join(job.dest), job.checksum)
             for _ in self._stream(self.dst, job.dest, job.size, checker):
                 pass
         except (FormatError, FileNotFoundError):
@@ -230,7 +234,7 @@ class _Copier:
             self._advance(job.size)
             return 0, job.size
         self.dst.remove_tree(job.dest)  # a partial or torn file from an interrupted copy
-        checker = _BlockChecker(job.blocks, self.src.join(job.source))
+        checker = _BlockChecker(job.blocks, self.src.join(job.source), job.checksum)
         with self.dst.open_write(job.dest) as out:
             for chunk in self._stream(self.src, job.source, job.size, checker):
                 out.write(chunk)
@@ -268,7 +272,7 @@ def _source(src: Store, fingerprint: str) -> tuple[SnapshotReader, bytes]:
     meta = reader.manifest["index"]
     path = f"{reader.run_dir}/{fmt.check_name(meta['path'], 'index')}"
     index_bytes = src.read_bytes(path)
-    if len(index_bytes) != meta["size"] or fmt.checksum(index_bytes) != meta["crc32"]:
+    if len(index_bytes) != meta["size"] or reader.checksum(index_bytes) != file_checksum(meta):
         raise FormatError(f"block index {src.join(path)} changed while it was being copied")
     return reader, index_bytes
 
@@ -326,7 +330,7 @@ def copy_snapshot(
     SnapshotNotFoundError
         If ``src`` holds no committed snapshot ``fingerprint``.
     FormatError
-        If the source is corrupt (a block whose CRC does not match, a truncated shard).
+        If the source is corrupt (a block whose checksum does not match, a truncated shard).
     StoreError
         If either store fails. The copy is then not committed; run it again to resume.
 
@@ -361,6 +365,7 @@ def copy_snapshot(
             dest=f"{run_dir}/shard-{i:05d}.snap",
             size=int(entry["size"]),
             blocks=reader.index[reader.index["shard"] == i],
+            checksum=reader.checksum,
         )
         for i, entry in enumerate(shards)
     ]

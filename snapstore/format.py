@@ -1,10 +1,12 @@
-"""On-disk format v2 (reading v1 too): blocks, shards, the block index, the manifest and the
-commit record.
+"""On-disk format v3 (reading v1 and v2 too): blocks, shards, the block index, the manifest and
+the commit record.
 
 The normative description is docs/format.md; this module is its reference implementation.
 Version 2 added nullable fields, nested dicts (Arrow structs) and lists of str or bytes to the
-schema (docs/format.md, section 6); files, blocks and the commit protocol are as in version 1,
-so a version 1 snapshot reads as it always did.
+schema (docs/format.md, section 6); version 3 records the checksum algorithm of blocks and
+the index in the manifest and writes CRC-32C where versions 1 and 2 have CRC-32
+(:mod:`snapstore.checksums`). Files, blocks and the commit protocol are otherwise as in
+version 1, so older snapshots read as they always did.
 Layout of a snapshot under a root::
 
     <root>/<fingerprint>/COMMIT                    commit record, created only if absent
@@ -20,7 +22,6 @@ from __future__ import annotations
 import json
 import re
 import struct
-import zlib
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -29,6 +30,7 @@ import numpy as np
 import pyarrow as pa
 import zstandard
 
+from .checksums import CRC32, WRITTEN, Checksum
 from .errors import CorruptBlockError, FormatError
 
 __all__ = [
@@ -45,9 +47,10 @@ __all__ = [
     "write_index",
 ]
 
-FORMAT_VERSION = 2
-# Versions this reader reads: version 1 is version 2 without the new field kinds.
-READABLE_VERSIONS = (1, 2)
+FORMAT_VERSION = 3
+# Versions this reader reads: version 1 is version 2 without the new field kinds, version 2 is
+# version 3 with CRC-32 for every checksum.
+READABLE_VERSIONS = (1, 2, 3)
 SHARD_MAGIC = b"SNAPSHD1"
 # Blocks start at multiples of this offset in a shard (zero padding between), so a raw block's
 # buffers, viewed in place through a memory map, are aligned for every dtype.
@@ -76,11 +79,6 @@ INDEX_DTYPE = np.dtype(
 )
 
 _SAFE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,200}")
-
-
-def checksum(data: Any) -> int:
-    """CRC-32 (zlib polynomial) of the stored bytes of a block or file."""
-    return zlib.crc32(data) & 0xFFFFFFFF
 
 
 def is_plain_name(name: Any) -> bool:
@@ -118,7 +116,8 @@ def encode_block(batch: pa.RecordBatch, *, level: int, min_ratio: float) -> Enco
     """Serialize a record batch as an Arrow IPC message and compress it if that pays.
 
     The block is stored raw when zstd does not shrink it by at least ``min_ratio``: decoding a
-    raw block is a checksum and a view, decompressing costs far more than the bytes saved.
+    raw block is a checksum and a view, decompressing costs far more than the bytes saved. Its
+    checksum is this version's (:data:`snapstore.checksums.WRITTEN`).
     """
     raw = memoryview(batch.serialize())
     raw_length = raw.nbytes
@@ -129,15 +128,18 @@ def encode_block(batch: pa.RecordBatch, *, level: int, min_ratio: float) -> Enco
             middle = raw_length // 2
             probe = raw[middle - _PROBE_BYTES // 2 : middle + _PROBE_BYTES // 2]
             if len(compressor.compress(probe)) * min_ratio > 1.1 * _PROBE_BYTES:
-                return EncodedBlock(raw, CODEC_RAW, raw_length, batch.num_rows, checksum(raw))
+                return EncodedBlock(raw, CODEC_RAW, raw_length, batch.num_rows, WRITTEN(raw))
         packed = compressor.compress(raw)
         if len(packed) * min_ratio <= raw_length:
             data, codec = memoryview(packed), CODEC_ZSTD
-    return EncodedBlock(data, codec, raw_length, batch.num_rows, checksum(data))
+    return EncodedBlock(data, codec, raw_length, batch.num_rows, WRITTEN(data))
 
 
-def decode_block(data: Any, entry: np.void, schema: pa.Schema, shard: str) -> pa.RecordBatch:
-    """Verify and decode one stored block (``data`` is any buffer: bytes, memoryview, pa.Buffer).
+def decode_block(
+    data: Any, entry: np.void, schema: pa.Schema, shard: str, *, checksum: Checksum
+) -> pa.RecordBatch:
+    """Verify and decode one stored block (``data`` is any buffer: bytes, memoryview, pa.Buffer)
+    against its index row ``entry``, with the snapshot's ``checksum`` algorithm.
 
     Raises
     ------
@@ -159,7 +161,8 @@ def decode_block(data: Any, entry: np.void, schema: pa.Schema, shard: str) -> pa
     if size != length:
         raise corrupt(f"expected {length} bytes, read {size}")
     if checksum(data) != int(entry["checksum"]):
-        raise corrupt(f"checksum mismatch (expected {int(entry['checksum']):#010x})")
+        expected = int(entry["checksum"])
+        raise corrupt(f"{checksum.name} checksum mismatch (expected {expected:#010x})")
     codec = int(entry["codec"])
     try:
         raw_length = int(entry["raw_length"])
@@ -239,20 +242,31 @@ def check_version(data: Mapping[str, Any], where: str) -> None:
 
 @dataclass(frozen=True)
 class CommitRecord:
-    """The small record whose creation makes a snapshot visible."""
+    """The small record whose creation makes a snapshot visible.
+
+    ``manifest_checksum`` is the CRC-32 of the manifest in every format version (it is checked
+    before the manifest, which names the snapshot's algorithm, is read); ``format_version`` is
+    the snapshot's (a copy keeps its source's).
+    """
 
     fingerprint: str
     run: str
     manifest_size: int
     manifest_checksum: int
     committed_at: str
+    format_version: int = FORMAT_VERSION
+
+    @staticmethod
+    def checksum(manifest: bytes) -> int:
+        """The ``manifest_crc32`` of manifest bytes: CRC-32 in every version."""
+        return CRC32(manifest)
 
     def to_bytes(self) -> bytes:
         """Serialize to JSON bytes."""
         return dump_json(
             {
                 "format": "snapstore",
-                "format_version": FORMAT_VERSION,
+                "format_version": self.format_version,
                 "fingerprint": self.fingerprint,
                 "run": self.run,
                 "manifest_size": self.manifest_size,
@@ -273,6 +287,7 @@ class CommitRecord:
                 manifest_size=int(value["manifest_size"]),
                 manifest_checksum=int(value["manifest_crc32"]),
                 committed_at=str(value["committed_at"]),
+                format_version=int(value["format_version"]),
             )
         except (KeyError, TypeError, ValueError) as exc:
             raise FormatError(f"{where} is missing or has a bad field: {exc}") from exc

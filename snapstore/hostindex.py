@@ -8,18 +8,20 @@ first reader on a host writes both to one local file and every reader maps it re
 processes share one copy through the page cache and none fetches the index again.
 
 The file lives in :func:`index_dir` (``$SNAPSTORE_INDEX_DIR``, else ``snapstore-index`` in the
-per-user cache directory) and is named by fingerprint, run and the CRC-32 of ``index.bin`` from
-the manifest, so a new commit never meets a copy of an older one. Layout (little-endian)::
+per-user cache directory) and is named by fingerprint, run and the checksum of ``index.bin`` from
+the manifest (CRC-32 or CRC-32C: the snapshot's algorithm), so a new commit never meets a copy of
+an older one. Layout (little-endian)::
 
-    header   64 bytes: magic, blocks, source size, source CRC-32, body CRC-32, zero padding
+    header   64 bytes: magic, blocks, source size, source checksum, body CRC-32C, zero padding
     rows     blocks x 48 bytes: the decoded index
     offsets  (blocks + 1) x 8 bytes: int64 cumulative rows, starting at 0
 
 It is written to a temporary file in the same directory, flushed to disk and renamed into
 place, so processes racing to create it each write a complete file and the last rename wins
 (their contents are equal). Opening checks the header against the manifest and the file size
-(one small read, no scan of the body); :func:`verify` also checks the body's CRC-32. A copy
-that fails a check is removed and the index read again from the store.
+(one small read, no scan of the body); :func:`verify` also checks the body's CRC-32C. A copy
+that fails a check (one made before the body checksum became CRC-32C among them: magic
+``SNAPHIX1``) is removed and the index read again from the store.
 """
 
 from __future__ import annotations
@@ -30,7 +32,6 @@ import mmap
 import os
 import struct
 import tempfile
-import zlib
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -41,6 +42,7 @@ import zstandard
 
 from . import format as fmt
 from .cache import _user_cache_base
+from .checksums import CRC32C, file_checksum
 from .errors import FormatError
 
 __all__ = [
@@ -60,8 +62,8 @@ log = logging.getLogger(__name__)
 INDEX_DIR_ENV = "SNAPSTORE_INDEX_DIR"
 # Below this a decoded index is at most 3.5 MB per process: a file per snapshot is not worth it.
 MIN_BLOCKS = 1 << 16
-MAGIC = b"SNAPHIX1"
-_HEADER = struct.Struct("<8sQQII")  # magic, blocks, source size, source crc32, body crc32
+MAGIC = b"SNAPHIX2"  # 2: the body checksum is CRC-32C (1: CRC-32)
+_HEADER = struct.Struct("<8sQQII")  # magic, blocks, source size, source checksum, body CRC-32C
 HEADER_BYTES = 64  # the rows start 64-byte aligned
 _ROW = fmt.INDEX_DTYPE.itemsize
 # Rows decoded, checked and written per step while creating a copy (3 MB of rows).
@@ -99,7 +101,7 @@ def copy_path(fingerprint: str, run: str, entry: Mapping[str, Any]) -> Path:
     """Where the copy of ``fingerprint``'s index of ``run`` (manifest entry ``entry``) lives."""
     fmt.check_name(fingerprint, "fingerprint")
     fmt.check_name(run, "run")
-    return index_dir() / f"{fingerprint}-{run}-{int(entry['crc32']):08x}.idx"
+    return index_dir() / f"{fingerprint}-{run}-{int(file_checksum(entry)):08x}.idx"
 
 
 def exists(fingerprint: str, run: str) -> bool:
@@ -117,7 +119,7 @@ def exists(fingerprint: str, run: str) -> bool:
 def cached(fingerprint: str, run: str, entry: Mapping[str, Any]) -> Path | None:
     """The path of a valid copy of the index ``entry`` (the manifest's ``index``) names, or None.
 
-    Valid: the header matches ``entry``'s size and CRC-32 and the file its own size. A copy
+    Valid: the header matches ``entry``'s size and checksum and the file its own size. A copy
     that is not is removed (and None returned). Costs one open and one 64-byte read.
     """
     found = load(fingerprint, run, entry)
@@ -164,8 +166,8 @@ def _check_header(fd: int, entry: Mapping[str, Any]) -> str | None:
     magic, blocks, size, crc, _ = _HEADER.unpack_from(head)
     if magic != MAGIC:
         return f"has magic {magic!r}, expected {MAGIC!r}"
-    if (size, crc) != (entry.get("size"), entry.get("crc32")):
-        return f"was made from index.bin of {size} bytes, CRC {crc:#010x}, not {entry!r}"
+    if (size, crc) != (entry.get("size"), file_checksum(entry)):
+        return f"was made from index.bin of {size} bytes, checksum {crc:#010x}, not {entry!r}"
     expected = _file_size(blocks)
     found = os.fstat(fd).st_size
     if found != expected:
@@ -199,7 +201,7 @@ def create(
 ) -> HostIndex | None:
     """Write this host's copy of the index ``data`` (``index.bin``'s bytes) and map it.
 
-    ``data`` must already match ``entry`` (the reader checks size and CRC-32); ``check(rows)``
+    ``data`` must already match ``entry`` (the reader checks size and checksum); ``check(rows)``
     sees every chunk of decoded rows and raises on corrupt ones. The rows are decoded a chunk
     at a time, so creating a copy takes O(chunk) memory besides ``data``. Returns None, after
     one WARNING per directory, if the directory cannot be written (the caller keeps the index
@@ -263,13 +265,13 @@ def _write(
         check(rows)
         raw = rows.view(np.uint8).data
         os.pwrite(fd, raw, HEADER_BYTES + done * _ROW)
-        body = zlib.crc32(raw, body)
+        body = CRC32C.update(raw, body)
         sums = np.cumsum(rows["rows"].astype(np.int64))
         sums += total
         os.pwrite(fd, sums.data, offsets_at + 8 * (done + 1))
         done, total = done + len(rows), int(sums[-1])
     body = _crc_range(fd, offsets_at, (blocks + 1) * 8, body)
-    head = _HEADER.pack(MAGIC, blocks, int(entry["size"]), int(entry["crc32"]), body)
+    head = _HEADER.pack(MAGIC, blocks, int(entry["size"]), int(file_checksum(entry)), body)
     os.pwrite(fd, head.ljust(HEADER_BYTES, b"\0"), 0)
     return int(blocks)
 
@@ -296,13 +298,13 @@ def _decoded_chunks(data: bytes, blocks: int, where: str) -> Iterator[np.ndarray
 
 
 def _crc_range(fd: int, start: int, length: int, crc: int = 0) -> int:
-    """CRC-32 of ``length`` bytes of ``fd`` from ``start``, continuing ``crc``."""
+    """CRC-32C of ``length`` bytes of ``fd`` from ``start``, continuing ``crc``."""
     end = start + length
     while start < end:
         piece = os.pread(fd, min(end - start, 8 << 20), start)
         if not piece:
             raise OSError(f"short read at {start} of a per-host index")
-        crc = zlib.crc32(piece, crc)
+        crc = CRC32C.update(piece, crc)
         start += len(piece)
     return crc
 
@@ -323,7 +325,7 @@ def _remove_older(path: Path, fingerprint: str) -> None:
 
 
 def verify(path: Path | str) -> bool:
-    """Whether the copy at ``path`` is whole: its header, size and body CRC-32 agree (reads it
+    """Whether the copy at ``path`` is whole: its header, size and body CRC-32C agree (reads it
     all, which :func:`load` does not)."""
     try:
         with open(path, "rb") as file:

@@ -18,6 +18,7 @@ from typing import Any
 import numpy as np
 
 from . import format as fmt
+from .checksums import WRITTEN
 from .claims import CLAIMS_DIR, remove_claims
 from .errors import FormatError, SchemaError
 from .inference import merge_stored
@@ -161,6 +162,19 @@ def write_partition(
     return writer.commit()
 
 
+def _check_checksums(readers: list[SnapshotReader], ids: list[int], fingerprint: str) -> None:
+    """Refuse partitions whose blocks carry another checksum than this version writes: the
+    assembled manifest names one algorithm for every block."""
+    for p, reader in zip(ids, readers):
+        if reader.checksum is not WRITTEN:
+            raise FormatError(
+                f"partition {p} of {fingerprint} has {reader.checksum.name} block checksums "
+                f"(format version {reader.manifest.get('format_version')}); this snapstore "
+                f"assembles {WRITTEN.name} ones. Remove {partition_dir(fingerprint, p)} "
+                "and compute the partition again."
+            )
+
+
 def commit_partitions(
     store: Store,
     fingerprint: str,
@@ -201,6 +215,7 @@ def commit_partitions(
             )
     # One reader per partition (commit record, manifest, index), opened concurrently.
     readers = map_concurrently(lambda p: SnapshotReader(store, partition_dir(fingerprint, p)), ids)
+    _check_checksums(readers, ids, fingerprint)
     merged = _merged_schema(readers, ids, schema, fingerprint)
     index, shards = _joined(readers, fingerprint)
     index_bytes = fmt.write_index(index)

@@ -27,6 +27,7 @@ import numpy as np
 
 from . import format as fmt
 from . import hostindex
+from .checksums import file_checksum, snapshot_checksum
 from .columns import BlockColumns
 from .errors import FormatError, SnapshotNotFoundError, SnapshotRemovedError, SnapstoreError
 from .plan import EpochPlan, PlanOptions
@@ -153,7 +154,7 @@ def _read_manifest(
         data = store.read_bytes(path)
     except FileNotFoundError as exc:
         raise FormatError(f"{where} names run {record.run}, whose manifest is missing") from exc
-    if len(data) != record.manifest_size or fmt.checksum(data) != record.manifest_checksum:
+    if len(data) != record.manifest_size or record.checksum(data) != record.manifest_checksum:
         raise FormatError(
             f"manifest {store.join(path)} does not match its commit record; it is corrupt"
         )
@@ -229,6 +230,9 @@ class SnapshotReader:
         self.schema = Schema.from_json(self.manifest["schema"])
         self._arrow_schema = self.schema.arrow_schema()
         self.shard_paths = [self._shard_path(s) for s in self.manifest["shards"]]
+        where = self.store.join(f"{self.run_dir}/{fmt.MANIFEST_NAME}")
+        self.checksum = snapshot_checksum(self.manifest, where)
+        """The checksum algorithm of the snapshot's blocks and index (its manifest's)."""
         self.index_copy: Path | None = None
         """The per-host index copy the index is mapped from (None: it is in memory)."""
         self.index, self.offsets = self._load_index()
@@ -286,7 +290,7 @@ class SnapshotReader:
         data, self._index_data = self._index_data, None
         if data is None or name != fmt.INDEX_NAME:
             data = self.store.read_bytes(f"{self.run_dir}/{name}")
-        if len(data) != meta.get("size") or fmt.checksum(data) != meta.get("crc32"):
+        if len(data) != meta.get("size") or self.checksum(data) != file_checksum(meta):
             raise FormatError(
                 f"block index {where} does not match its manifest entry; it is corrupt"
             )
@@ -471,7 +475,8 @@ class SnapshotReader:
     def _decode(self, block: int, data: Any) -> BlockColumns:
         entry = self.index[block]
         shard = self.shard_paths[int(entry["shard"])]
-        return BlockColumns(self.schema, fmt.decode_block(data, entry, self._arrow_schema, shard))
+        batch = fmt.decode_block(data, entry, self._arrow_schema, shard, checksum=self.checksum)
+        return BlockColumns(self.schema, batch)
 
     def __iter__(self) -> Iterator[dict[str, Any]]:
         options = PlanOptions()

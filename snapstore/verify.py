@@ -8,8 +8,9 @@ What fails verification (``VerifyReport.ok`` is false): a commit record, manifes
 that does not load (``"manifest"``, ``"index"``); a missing shard (``"missing"``); a shard whose
 size differs from the manifest (``"size"``: truncated or appended to); a shard that does not
 start with the shard magic (``"magic"``); a footer that does not list exactly the blocks the
-index gives for that shard (``"footer"``); a block whose length, CRC-32, decompression, Arrow
-decoding or row count is wrong (``"block"``, one problem per bad block).
+index gives for that shard (``"footer"``); a block whose length, checksum (with the snapshot's
+algorithm), decompression, Arrow decoding or row count is wrong (``"block"``, one problem per
+bad block).
 
 What does not: a file or directory in a run directory that the manifest does not name
 (``"foreign"``). No reader opens it, so the snapshot reads correctly; it is reported because it
@@ -23,6 +24,7 @@ when a block is larger), and nothing is kept once a read is checked.
 
 from __future__ import annotations
 
+import functools
 import logging
 import struct
 import time
@@ -32,7 +34,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
-import pyarrow as pa
 
 from . import format as fmt
 from .errors import CorruptBlockError, FormatError
@@ -59,6 +60,9 @@ _FOOTER_FIELDS = ("codec", "offset", "length", "raw_length", "rows", "checksum")
 
 Problem = dict[str, Any]
 Fetch = Callable[[int, int], Any]
+Decode = Callable[..., Any]
+"""Verifies and decodes one block: ``decode(data, entry, shard=path)`` (:func:`format.decode_block`
+with the snapshot's schema and checksum algorithm)."""
 
 
 def _problem(kind: str, shard: str | None, offset: int | None, message: str) -> Problem:
@@ -237,7 +241,9 @@ def _verify_files(
     sizes = list(pool.map(lambda path: _size(store, path), paths))
     foreign = pool.map(lambda d: _foreign(store, d, paths), _run_dirs(reader))
     report.problems.extend(p for problems in foreign for p in problems)
-    schema = reader.schema.arrow_schema()
+    decode: Decode = functools.partial(
+        fmt.decode_block, schema=reader.schema.arrow_schema(), checksum=reader.checksum
+    )
     total = int(index["length"].astype(np.int64).sum()) if len(index) else 0
     futures: list[Future[tuple[list[Problem], int, int]]] = []
     for path, entry, size, entries in zip(paths, shards, sizes, per_shard):
@@ -252,7 +258,7 @@ def _verify_files(
                 )
             )
             continue
-        futures.extend(_submit_shard(pool, store, path, int(entry["size"]), size, entries, schema))
+        futures.extend(_submit_shard(pool, store, path, int(entry["size"]), size, entries, decode))
     done = 0
     for future in as_completed(futures):
         problems, blocks, nbytes = future.result()
@@ -298,7 +304,7 @@ def _submit_shard(
     expected: int,
     size: int,
     entries: np.ndarray[Any, Any],
-    schema: pa.Schema,
+    decode: Decode,
 ) -> Iterator[Future[tuple[list[Problem], int, int]]]:
     """Submit the checks of one present shard: whole in one read when small and remote, else
     its magic and footer, then its blocks in coalesced range reads."""
@@ -308,7 +314,7 @@ def _submit_shard(
             data = memoryview(store.read_bytes(path))
             fetch: Fetch = lambda start, length: data[start : start + length]  # noqa: E731
             layout = _check_layout(store, path, expected, len(data), entries, fetch)
-            problems, blocks, nbytes = _check_blocks(path, entries, fetch, schema)
+            problems, blocks, nbytes = _check_blocks(path, entries, fetch, decode)
             return layout + problems, blocks, nbytes
 
         yield pool.submit(whole)
@@ -321,7 +327,7 @@ def _submit_shard(
     max_bytes = _MAX_REQUEST_BYTES if store.coalesce and not store.local else 0
     offsets, lengths = entries["offset"].astype(np.int64), entries["length"].astype(np.int64)
     for start, length, members in plan_ranges(offsets, lengths, max_bytes):
-        yield pool.submit(_check_range, path, entries[members], start, length, fetch, schema)
+        yield pool.submit(_check_range, path, entries[members], start, length, fetch, decode)
 
 
 def _check_range(
@@ -330,23 +336,24 @@ def _check_range(
     start: int,
     length: int,
     fetch: Fetch,
-    schema: pa.Schema,
+    decode: Decode,
 ) -> tuple[list[Problem], int, int]:
     data = memoryview(fetch(start, length))
-    return _check_blocks(path, entries, lambda s, n: data[s - start : s - start + n], schema)
+    return _check_blocks(path, entries, lambda s, n: data[s - start : s - start + n], decode)
 
 
 def _check_blocks(
-    path: str, entries: np.ndarray[Any, Any], fetch: Fetch, schema: pa.Schema
+    path: str, entries: np.ndarray[Any, Any], fetch: Fetch, decode: Decode
 ) -> tuple[list[Problem], int, int]:
-    """Length, CRC-32, decompression, decoding and row count of each block: every bad one."""
+    """Length, checksum (the snapshot's algorithm), decompression, decoding and row count of
+    each block: every bad one."""
     problems: list[Problem] = []
     nbytes = 0
     for entry in entries:
         offset, length = int(entry["offset"]), int(entry["length"])
         nbytes += length
         try:
-            fmt.decode_block(fetch(offset, length), entry, schema, path)
+            decode(fetch(offset, length), entry, shard=path)
         except CorruptBlockError as exc:
             # The reader's advice to run `snapstore verify` is moot here; keep what is wrong.
             what = str(exc).split(". Run `snapstore verify`", 1)[0]

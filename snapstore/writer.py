@@ -32,6 +32,7 @@ import pyarrow as pa
 from . import format as fmt
 from .arraylike import convert_sample
 from .checks import sample_checker
+from .checksums import WRITTEN
 from .columns import (
     batch_from_columns,
     conform_columns,
@@ -133,6 +134,7 @@ def build_manifest(
         **extra,
         "format": "snapstore",
         "format_version": fmt.FORMAT_VERSION,
+        "checksum": WRITTEN.name,
         "fingerprint": fingerprint,
         "run": run,
         "created_at": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
@@ -145,7 +147,7 @@ def build_manifest(
         "index": {
             "path": fmt.INDEX_NAME,
             "size": len(index_bytes),
-            "crc32": fmt.checksum(index_bytes),
+            "checksum": WRITTEN(index_bytes),
         },
         **(more or {}),
         "write_options": dict(write_options),
@@ -156,7 +158,9 @@ def publish(
     store: Store, fingerprint: str, run: str, index_bytes: bytes, manifest: dict[str, Any]
 ) -> bool:
     """Write a run's index and manifest, make them durable, then create the commit record if
-    absent (section 10.1 of docs/format.md). True if this run became the snapshot."""
+    absent (section 10.1 of docs/format.md). True if this run became the snapshot.
+
+    The record takes the manifest's ``format_version``, so a copy keeps its source's."""
     run_dir = f"{fingerprint}/runs/{run}"
     store.write_bytes(f"{run_dir}/{fmt.INDEX_NAME}", index_bytes)
     data = fmt.dump_json(manifest)
@@ -167,8 +171,9 @@ def publish(
         fingerprint=fingerprint,
         run=run,
         manifest_size=len(data),
-        manifest_checksum=fmt.checksum(data),
+        manifest_checksum=fmt.CommitRecord.checksum(data),
         committed_at=dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
+        format_version=int(manifest["format_version"]),
     )
     return store.create_if_absent(f"{fingerprint}/{fmt.COMMIT_NAME}", record.to_bytes())
 

@@ -217,7 +217,7 @@ def test_default_cache_dir(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> N
     monkeypatch.setenv("SNAPSTORE_CACHE_DIR", str(tmp_path / "blocks"))
     assert default_cache_dir() == str(tmp_path / "blocks")
     store = cached_store(simulated_store(tmp_path, ttfb=0.0), None, 1 << 20)
-    assert store.cache.directory == tmp_path / "blocks" and (tmp_path / "blocks" / "v1").is_dir()
+    assert store.cache.directory == tmp_path / "blocks" and (tmp_path / "blocks" / "v2").is_dir()
 
 
 # -- the cache alone -----------------------------------------------------------------------
@@ -248,7 +248,7 @@ def test_entries_round_trip_aligned_and_read_only(tmp_path: Path) -> None:
     assert np.frombuffer(data, np.uint8).ctypes.data % 64 == 0
     empty = cache.get(key(1))
     assert empty is not None and bytes(empty) == b""
-    path = tmp_path / "v1" / key(0)[:2] / key(0)
+    path = tmp_path / "v2" / key(0)[:2] / key(0)
     assert path.stat().st_size == HEADER + 100
 
 
@@ -258,7 +258,7 @@ def test_entries_round_trip_aligned_and_read_only(tmp_path: Path) -> None:
         lambda b: b[:-1],  # truncated payload
         lambda b: b[:10],  # truncated header
         lambda b: b[:70] + bytes([b[70] ^ 1]) + b[71:],  # a flipped bit
-        lambda b: b"SNAPBLK2" + b[8:],  # another format
+        lambda b: b"SNAPBLK1" + b[8:],  # the entry format before CRC-32C
         lambda b: b + b"\0",  # trailing bytes
     ],
     ids=["payload", "header", "bit", "magic", "long"],
@@ -266,7 +266,7 @@ def test_entries_round_trip_aligned_and_read_only(tmp_path: Path) -> None:
 def test_a_damaged_entry_is_a_miss_and_removed(tmp_path: Path, damage: Any) -> None:
     cache = BlockCache(tmp_path, 1 << 20)
     cache.put(key(0), os.urandom(100))
-    path = tmp_path / "v1" / key(0)[:2] / key(0)
+    path = tmp_path / "v2" / key(0)[:2] / key(0)
     path.write_bytes(damage(path.read_bytes()))
     assert cache.get(key(0)) is None and not path.exists()
     cache.put(key(0), b"y" * 100)
@@ -334,10 +334,10 @@ def test_a_killed_writer_leaves_nothing_visible_and_its_temp_file_is_removed_whe
     tmp_path: Path,
 ) -> None:
     cache = BlockCache(tmp_path, 1 << 20)
-    folder = tmp_path / "v1" / key(3)[:2]
+    folder = tmp_path / "v2" / key(3)[:2]
     folder.mkdir()
     temp = folder / f".{key(3)}.4242.deadbeef.tmp"
-    temp.write_bytes(b"SNAPBLK1" + b"\x10" * 30)  # a header cut short
+    temp.write_bytes(b"SNAPBLK2" + b"\x10" * 30)  # a header cut short
     assert cache.get(key(3)) is None
     scan = cache.scan()
     assert temp.exists() and scan.stale_temps == 0 and scan.bytes == 38  # maybe still writing
@@ -351,7 +351,7 @@ def test_clear_and_verify(tmp_path: Path) -> None:
     cache = BlockCache(tmp_path, 1 << 20)
     for i in range(5):
         cache.put(key(i), b"q" * 10)
-    (tmp_path / "v1" / key(2)[:2] / key(2)).write_bytes(b"junk")
+    (tmp_path / "v2" / key(2)[:2] / key(2)).write_bytes(b"junk")
     assert cache.verify() == [key(2)]
     cache.clear()
     assert files_under(tmp_path) == [] and cache.scan().entries == 0

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import uuid
-import zlib
 from pathlib import Path
 from typing import Any
 
@@ -15,6 +14,7 @@ from click.testing import CliRunner
 
 import snapstore
 from snapstore import format as fmt
+from snapstore.checksums import CRC32, CRC32C, Checksum
 from snapstore.cli.common import parse_options
 from snapstore.cli.main import main
 from snapstore.copy import _BlockChecker, copy_run_name, copy_snapshot
@@ -233,19 +233,20 @@ def test_corrupt_source_block_is_refused_and_nothing_committed(tmp_path: Path) -
     assert not dst.exists(f"{fp}/{fmt.COMMIT_NAME}")
 
 
-def test_block_checker_across_any_chunking() -> None:
+@pytest.mark.parametrize("checksum", [CRC32, CRC32C], ids=["crc32", "crc32c"])
+def test_block_checker_across_any_chunking(checksum: Checksum) -> None:
     rng = np.random.default_rng(0)
     data = rng.integers(0, 256, 1000, dtype=np.uint8).tobytes()
     blocks = np.zeros(3, fmt.INDEX_DTYPE)
     for i, (offset, length) in enumerate([(8, 100), (128, 0), (192, 700)]):
         blocks[i]["offset"], blocks[i]["length"] = offset, length
-        blocks[i]["checksum"] = zlib.crc32(data[offset : offset + length])
+        blocks[i]["checksum"] = checksum(data[offset : offset + length])
     for chunk in (1, 7, 64, 100, 1000):
-        checker = _BlockChecker(blocks, "s")
+        checker = _BlockChecker(blocks, "s", checksum)
         for start in range(0, len(data), chunk):
             checker.feed(start, memoryview(data[start : start + chunk]))
         checker.finish()
-    short = _BlockChecker(blocks, "s")
+    short = _BlockChecker(blocks, "s", checksum)
     short.feed(0, memoryview(data[:500]))
     with pytest.raises(CorruptBlockError, match="truncated"):
         short.finish()

@@ -77,7 +77,7 @@ def rewrite_manifest(store: LocalStore, run_dir: str, change) -> None:
     data = fmt.dump_json(manifest)
     path.write_bytes(data)
     record = json.loads((store.root / "fp" / "COMMIT").read_bytes())
-    record.update(manifest_size=len(data), manifest_crc32=fmt.checksum(data))
+    record.update(manifest_size=len(data), manifest_crc32=fmt.CommitRecord.checksum(data))
     (store.root / "fp" / "COMMIT").write_bytes(fmt.dump_json(record))
 
 
@@ -137,7 +137,9 @@ def test_raw_length_is_checked(written) -> None:
         reader.shard_paths[0], int(entry["offset"]), int(entry["length"])
     )
     with pytest.raises(CorruptBlockError, match="claims"):
-        fmt.decode_block(data, entry, reader.schema.arrow_schema(), "shard")
+        fmt.decode_block(
+            data, entry, reader.schema.arrow_schema(), "shard", checksum=reader.checksum
+        )
 
 
 def test_blocks_are_aligned(written) -> None:

@@ -172,7 +172,7 @@ def test_stale_copy_of_another_index_is_refetched(built, index_dir: Path) -> Non
     first, _ = open_reader(built)
     copy = the_copy(index_dir)
     data = bytearray(copy.read_bytes())  # the header names another source CRC
-    struct.pack_into("<I", data, 24, (first.manifest["index"]["crc32"] + 1) & 0xFFFFFFFF)
+    struct.pack_into("<I", data, 24, (first.manifest["index"]["checksum"] + 1) & 0xFFFFFFFF)
     copy.write_bytes(bytes(data))
     reader, store = open_reader(built)
     assert index_reads(store) == 1 and hostindex.verify(the_copy(index_dir))
