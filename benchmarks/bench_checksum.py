@@ -1,7 +1,7 @@
 """Checksum throughput: the candidates for the block and file checksum of format version 3.
 
     python benchmarks/bench_checksum.py                  # 1 MiB and 256 KiB, ~30 s
-    python benchmarks/bench_checksum.py --seconds 0.01 --repeat 1   # smoke
+    python benchmarks/bench_checksum.py --seconds 0.01 --repeat 1 --decode-mb 1   # smoke
 
 For each implementation that is importable, and each buffer size, it prints:
 
@@ -10,6 +10,10 @@ For each implementation that is importable, and each buffer size, it prints:
   2 threads / 1      two threads at once, each on its own buffer, against one thread: ~2 when
                      the implementation releases the GIL (decode threads run it), ~1 when not
                      (on a machine whose cores are busy with other work it is lower for all)
+
+Then it decodes the blocks of an img-like snapshot (``--decode-mb`` of uint8[64,64,3] images in
+raw blocks of 64 rows, as bench_format writes them) with ``format.decode_block`` under each
+algorithm snapstore reads: the per-block path of every read (checksum, then an Arrow view).
 
 Candidates: CRC-32 through ``zlib`` (formats 1 and 2), CRC-32C through ``google_crc32c``
 (its ``implementation`` is printed: "python" is its silent pure-Python fallback) and through
@@ -27,6 +31,8 @@ import time
 import zlib
 from collections.abc import Callable
 from typing import Any
+
+import pyarrow as pa
 
 Hash = Callable[[Any], Any]
 
@@ -95,11 +101,60 @@ def measure(fn: Hash, size: int, seconds: float, repeat: int) -> tuple[float, fl
     return one / 1e9, two / one
 
 
+def _img_blocks(megabytes: float) -> tuple[list[Any], Any]:
+    """Raw blocks of 64 uint8[64,64,3] images, ``megabytes`` in all, and their schema."""
+    import numpy as np
+
+    from snapstore import format as fmt
+    from snapstore.schema import Schema
+
+    schema = Schema.from_json(
+        [{"kind": "array", "name": "image", "dtype": "uint8", "shape": [64, 64, 3]}]
+    )
+    arrow = schema.arrow_schema()
+    rows = 64
+    count = max(1, int(megabytes * 1e6 / (rows * 64 * 64 * 3)))
+    rng = np.random.default_rng(0)
+    blocks = []
+    for _ in range(count):
+        images = rng.integers(0, 256, (rows, 64 * 64 * 3), dtype=np.uint8)
+        column = pa.FixedSizeListArray.from_arrays(pa.array(images.reshape(-1)), 64 * 64 * 3)
+        batch = pa.RecordBatch.from_arrays([column], schema=arrow)
+        blocks.append(fmt.encode_block(batch, level=0, min_ratio=1.25).data.tobytes())
+    return blocks, arrow
+
+
+def decode_rates(megabytes: float, repeat: int) -> dict[str, float]:
+    """GB/s of ``decode_block`` over every block, per algorithm (best of ``repeat``)."""
+    import numpy as np
+
+    from snapstore import format as fmt
+    from snapstore.checksums import CHECKSUMS
+
+    blocks, arrow = _img_blocks(megabytes)
+    total = sum(len(b) for b in blocks)
+    rates = {}
+    for name, checksum in CHECKSUMS.items():
+        entries = np.zeros(len(blocks), fmt.INDEX_DTYPE)
+        for entry, block in zip(entries, blocks):
+            entry["length"] = entry["raw_length"] = len(block)
+            entry["rows"], entry["checksum"] = 64, checksum(block)
+        best = 0.0
+        for _ in range(repeat):
+            start = time.perf_counter()
+            for entry, block in zip(entries, blocks):
+                fmt.decode_block(block, entry, arrow, "s", checksum=checksum)
+            best = max(best, total / (time.perf_counter() - start))
+        rates[name] = best / 1e9
+    return rates
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--seconds", type=float, default=1.0, help="per measurement")
     parser.add_argument("--repeat", type=int, default=3, help="runs per figure (best kept)")
     parser.add_argument("--sizes", default="1048576,262144", help="buffer sizes in bytes")
+    parser.add_argument("--decode-mb", type=float, default=200.0, help="img blocks to decode")
     args = parser.parse_args()
     sizes = [int(s) for s in args.sizes.split(",")]
     print(f"cpus: {os.cpu_count()}, load: {os.getloadavg()[0]:.2f}")
@@ -114,6 +169,9 @@ def main() -> None:
             gbs, scale = measure(fn, size, args.seconds, args.repeat)
             cells.append(f"  {gbs:>15.2f}  {scale:>6.2f}")
         print(f"{name:<28}{''.join(cells)}")
+    print(f"\ndecode_block, {args.decode_mb:g} MB of raw img blocks (GB/s)")
+    for name, rate in decode_rates(args.decode_mb, args.repeat).items():
+        print(f"{'decode, ' + name:<28}  {rate:>15.2f}")
 
 
 if __name__ == "__main__":
