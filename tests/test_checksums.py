@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import os
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -133,3 +136,15 @@ def test_unknown_algorithm_is_a_clear_format_error(tmp_path: Path, found: object
     assert f"names checksum algorithm {found!r}" in message and str(path) in message
     assert "this snapstore reads 'crc32', 'crc32c'" in message
     assert "Upgrade snapstore" in message
+
+
+def test_software_crc32c_is_not_silent() -> None:
+    """Without the CPU instruction (simulated through the crc32c package's own switch), the
+    checksums are still right and importing snapstore logs a warning (never silently slow)."""
+    code = "import snapstore.checksums as c; assert c.CRC32C(b'123456789') == 0xE3069283"
+    env = {**os.environ, "CRC32C_SKIP_HW_PROBE": "1"}
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120
+    )
+    assert out.returncode == 0, out.stderr
+    assert "no CRC-32C instruction" in out.stderr and "slower" in out.stderr
