@@ -41,10 +41,12 @@ from .snapshot import Snapshot
 from .torch_ragged import (
     RaggedList,
     TorchRaggedForm,
+    allocate_shared,
     arrays_to_list,
     from_packed,
     reader_form,
     share_batch,
+    shared_tensor,
 )
 
 __all__ = ["RaggedList", "SnapshotDataset", "SnapshotIterableDataset", "to_tensors"]
@@ -57,10 +59,14 @@ def _tensor(value: np.ndarray[Any, Any]) -> torch.Tensor:
 
     ``torch.from_numpy`` warns on a read-only array because the tensor would be writable.
     Shuffled batches from :class:`~snapstore.BatchReader` are gathered into fresh, writable
-    arrays, so they are never copied. Unshuffled batches (slices of a decoded block) and single
+    arrays, so they are never copied; arrays gathered into a DataLoader worker's shared buffer
+    become views of that buffer's tensor. Unshuffled batches (slices of a decoded block) and single
     samples (:class:`SnapshotDataset`) are read-only views into decoded blocks that a cache
     shares with later reads: writing through a tensor would corrupt them, so those are copied.
     """
+    shared = shared_tensor(value)
+    if shared is not None:  # gathered into a worker's shared buffer: stay a view of it
+        return shared
     if not value.flags.writeable:
         value = value.copy()
     return torch.from_numpy(value)
@@ -274,10 +280,13 @@ class SnapshotIterableDataset(IterableDataset[dict[str, Any]]):
     def _batches(self, reader: BatchReader) -> Iterator[dict[str, Any]]:
         schema, form = reader.reader.schema, self.ragged
         in_worker = get_worker_info() is not None
+        if in_worker:
+            # Each batch is gathered straight into one shared-memory buffer: the main process
+            # fetches one file descriptor, not one per tensor, and nothing is copied again on
+            # the way (share_batch then finds nothing to do).
+            reader.allocate = allocate_shared
         for batch in reader:
             tensors = from_packed(to_tensors(batch), schema, form)
-            # One shared buffer per batch: the main process fetches one file descriptor, not one
-            # per tensor (see share_batch).
             yield share_batch(tensors) if in_worker else tensors
 
     def state_dict(self) -> dict[str, int]:
