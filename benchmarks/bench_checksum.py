@@ -1,15 +1,17 @@
 """Checksum throughput: the candidates for the block and file checksum of format version 3.
 
-    python benchmarks/bench_checksum.py                  # 1 MiB and 256 KiB, ~30 s
-    python benchmarks/bench_checksum.py --seconds 0.01 --repeat 1 --decode-mb 1   # smoke
+    python benchmarks/bench_checksum.py          # ~1 min
+    python benchmarks/bench_checksum.py --seconds 0.01 --repeat 1 --sizes 65536 --gil-mb 1 \
+        --decode-mb 1                            # smoke
 
-For each implementation that is importable, and each buffer size, it prints:
+For each implementation that is importable it prints:
 
-  1 thread (GB/s)    one thread checksumming one buffer over and over (best of --repeat runs
-                     of --seconds each): the per-core cost a decode thread pays per byte
-  2 threads / 1      two threads at once, each on its own buffer, against one thread: ~2 when
-                     the implementation releases the GIL (decode threads run it), ~1 when not
-                     (on a machine whose cores are busy with other work it is lower for all)
+  GB/s         one thread checksumming a memoryview of random bytes over and over (best of
+               --repeat runs of --seconds each), per buffer size: 256 KiB and 1 MiB stay in
+               the CPU's caches, 256 MiB streams from memory as a read from the page cache does
+  GIL share    how far a pure-Python thread gets during one call on --gil-mb MiB, against as
+               long without the call: ~0 if the call holds the GIL, well above 0 if it releases
+               it (decode threads run the checksum beside the consumer's thread)
 
 Then it decodes the blocks of an img-like snapshot (``--decode-mb`` of uint8[64,64,3] images in
 raw blocks of 64 rows, as bench_format writes them) with ``format.decode_block`` under each
@@ -63,42 +65,51 @@ def candidates() -> dict[str, Hash | str]:
     return found
 
 
-def _rate(fn: Hash, buf: bytes, seconds: float) -> float:
-    """Bytes per second of ``fn`` on ``buf`` over at least ``seconds``."""
+def _rate(fn: Hash, buf: Any, seconds: float) -> float:
+    """Bytes per second of ``fn`` on ``buf`` over at least ``seconds`` (one call at least)."""
     n, start = 0, time.perf_counter()
     while True:
-        for _ in range(8):
-            fn(buf)
-        n += 8
+        fn(buf)
+        n += 1
         elapsed = time.perf_counter() - start
         if elapsed >= seconds:
             return n * len(buf) / elapsed
 
 
-def _rate_threads(fn: Hash, size: int, seconds: float, threads: int) -> float:
-    """Bytes per second of ``threads`` threads at once, each on its own buffer."""
-    rates = [0.0] * threads
-    barrier = threading.Barrier(threads)
-
-    def work(i: int) -> None:
-        buf = os.urandom(size)
-        barrier.wait()
-        rates[i] = _rate(fn, buf, seconds)
-
-    pool = [threading.Thread(target=work, args=(i,)) for i in range(threads)]
-    for t in pool:
-        t.start()
-    for t in pool:
-        t.join()
-    return sum(rates)
+def rate(fn: Hash, size: int, seconds: float, repeat: int) -> float:
+    """Best single-thread GB/s of ``fn`` on a ``memoryview`` of ``size`` random bytes (what
+    the reader passes), or on ``bytes`` where ``fn`` refuses a memoryview."""
+    buf: Any = memoryview(os.urandom(size))
+    try:
+        fn(buf[:1])
+    except TypeError:
+        buf = bytes(buf)
+    return max(_rate(fn, buf, seconds) for _ in range(repeat)) / 1e9
 
 
-def measure(fn: Hash, size: int, seconds: float, repeat: int) -> tuple[float, float]:
-    """(best single-thread GB/s, best 2-thread rate / best 1-thread rate)."""
+def gil_share(fn: Hash, size: int) -> float:
+    """How far a pure-Python thread gets during one call of ``fn`` on ``size`` bytes, against
+    as long without the call: ~0 when the call holds the GIL, well above 0 when it releases
+    it (about 0.5 on 2 busy cores)."""
     buf = os.urandom(size)
-    one = max(_rate(fn, buf, seconds) for _ in range(repeat))
-    two = max(_rate_threads(fn, size, seconds, 2) for _ in range(repeat))
-    return one / 1e9, two / one
+    count, stop = [0], [False]
+
+    def spin() -> None:
+        while not stop[0]:
+            count[0] += 1
+
+    thread = threading.Thread(target=spin)
+    thread.start()
+    time.sleep(0.05)
+    before, start = count[0], time.perf_counter()
+    fn(buf)
+    during = (count[0] - before) / (time.perf_counter() - start)
+    before = count[0]
+    time.sleep(0.05)
+    alone = (count[0] - before) / 0.05
+    stop[0] = True
+    thread.join()
+    return during / alone
 
 
 def _img_blocks(megabytes: float) -> tuple[list[Any], Any]:
@@ -151,27 +162,30 @@ def decode_rates(megabytes: float, repeat: int) -> dict[str, float]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--seconds", type=float, default=1.0, help="per measurement")
+    parser.add_argument("--seconds", type=float, default=0.5, help="per measurement")
     parser.add_argument("--repeat", type=int, default=3, help="runs per figure (best kept)")
-    parser.add_argument("--sizes", default="1048576,262144", help="buffer sizes in bytes")
+    parser.add_argument("--sizes", default="262144,1048576,268435456", help="buffer sizes in bytes")
+    parser.add_argument("--gil-mb", type=int, default=256, help="buffer of the GIL test")
     parser.add_argument("--decode-mb", type=float, default=200.0, help="img blocks to decode")
     args = parser.parse_args()
     sizes = [int(s) for s in args.sizes.split(",")]
     print(f"cpus: {os.cpu_count()}, load: {os.getloadavg()[0]:.2f}")
-    head = "".join(f"  {f'{s >> 10} KiB: GB/s, 2 thr/1':>24}" for s in sizes)
-    print(f"{'implementation':<28}{head}")
+    head = "".join(f"  {_size(s) + ' GB/s':>13}" for s in sizes)
+    print(f"{'implementation':<28}{head}  {'GIL share':>9}")
     for name, fn in candidates().items():
         if isinstance(fn, str):
             print(f"{name:<28}  {fn}")
             continue
-        cells = []
-        for size in sizes:
-            gbs, scale = measure(fn, size, args.seconds, args.repeat)
-            cells.append(f"  {gbs:>15.2f}  {scale:>6.2f}")
-        print(f"{name:<28}{''.join(cells)}")
+        cells = [f"  {rate(fn, size, args.seconds, args.repeat):>13.2f}" for size in sizes]
+        share = gil_share(fn, args.gil_mb << 20)
+        print(f"{name:<28}{''.join(cells)}  {share:>9.2f}")
     print(f"\ndecode_block, {args.decode_mb:g} MB of raw img blocks (GB/s)")
-    for name, rate in decode_rates(args.decode_mb, args.repeat).items():
-        print(f"{'decode, ' + name:<28}  {rate:>15.2f}")
+    for name, value in decode_rates(args.decode_mb, args.repeat).items():
+        print(f"{'decode, ' + name:<28}  {value:>13.2f}")
+
+
+def _size(n: int) -> str:
+    return f"{n >> 20} MiB" if n >= 1 << 20 else f"{n >> 10} KiB"
 
 
 if __name__ == "__main__":

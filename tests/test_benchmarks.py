@@ -170,10 +170,10 @@ def test_bench_coldstart_smoke(tmp_path: Path) -> None:
 def test_bench_checksum_smoke() -> None:
     script = BENCH.parent / "bench_checksum.py"
     cmd = [sys.executable, str(script), "--seconds", "0.01", "--repeat", "1", "--sizes", "65536"]
-    cmd += ["--decode-mb", "1"]
+    cmd += ["--gil-mb", "1", "--decode-mb", "1"]
     out = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     rows = {line.split("  ")[0].strip(): line for line in out.stdout.splitlines()}
     assert "crc32 (zlib)" in rows and "crc32c (crc32c/ICRAR)" in rows
-    assert len(rows["crc32c (crc32c/ICRAR)"].split()) == 4  # name (2 words), GB/s, GIL ratio
+    assert len(rows["crc32c (crc32c/ICRAR)"].split()) == 4  # name (2 words), GB/s, GIL share
     assert "decode, crc32" in rows and "decode, crc32c" in rows
