@@ -145,10 +145,18 @@ def remove_snapshot(store: Store, fingerprint: str, *, respect_pins: bool = True
     record = store.read_bytes(commit) if store.exists(commit) else None
     if record is not None:
         store.remove_tree(commit)
-        if respect_pins and live_pins(store, fingerprint):
+    # Looked at again whether or not this remover found the record (another may have deleted
+    # it a moment ago, and a reader pinned since).
+    if respect_pins and live_pins(store, fingerprint):
+        if record is not None:
             store.create_if_absent(commit, record)  # a reader started meanwhile: keep it
-            _refuse_if_pinned(store, fingerprint)
+        _refuse_if_pinned(store, fingerprint)
     store.remove_tree(fingerprint)
+    # A concurrent remover that saw a reader's pin may have put the record back while this one
+    # deleted from an older listing: no record may outlive its files (its readers then stop
+    # with SnapshotRemovedError instead of finding the snapshot damaged).
+    if store.exists(commit):
+        store.remove_tree(commit)
     return freed
 
 

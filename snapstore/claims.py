@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import os
 import re
 import secrets
@@ -96,7 +97,8 @@ class ClaimState:
     holder : dict
         The newest claim's JSON (owner, host, pid, lease, created_at), empty when none.
     last_beat : float
-        Wall time of the newest heartbeat (or of the claim itself).
+        Wall time of the newest heartbeat (or of the claim itself); infinite when the newest
+        heartbeat a listing showed was gone when read (the holder beat since: it is alive).
     beat : int
         Number of the newest heartbeat (-1 before the first).
     released : bool
@@ -173,7 +175,10 @@ def inspect_claim(store: Store, fingerprint: str, names: list[str] | None = None
             )
             state.last_beat = max(state.last_beat, float(data["time"]))
         except (FileNotFoundError, ValueError, KeyError, TypeError):
-            return state  # deleted by the next beat: the holder is alive
+            # Deleted by the next beat since the listing: the holder is alive, however old the
+            # claim (a listing taken long ago must never make a live claim look expired).
+            state.last_beat = math.inf
+            return state
         samples, stored = data.get("samples"), data.get("stored_bytes")
         if _count(samples) and _count(stored):
             state.samples, state.stored_bytes = samples, stored

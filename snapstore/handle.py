@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import os
 import pickle
+import socket
 from typing import TYPE_CHECKING, Any
 
 from .cache import BlockCache, CachedStore
@@ -50,6 +51,8 @@ class SnapshotHandle:
         self._opened: Snapshot | None = snapshot
         self._pid = os.getpid()
         self._metadata: SnapshotMetadata | None = None  # what the sending process read
+        self._sender = (socket.gethostname(), os.getpid())
+        snapshot._open()  # read, and pinned, here: for as long as this process's workers read
 
     @classmethod
     def of(
@@ -82,8 +85,9 @@ class SnapshotHandle:
         """The snapshot, opened in this process (again, after a fork or in a new process).
 
         A snapshot opened in another process starts from the metadata the sending process had
-        read and verified (commit record, manifest, index), and relies on that process's pin:
-        it makes no request before its first block.
+        read and verified (commit record, manifest, index), and, while that process runs on
+        this host, relies on its pin: it makes no request before its first block. Elsewhere
+        (another host, a later job) it pins for itself, in the background.
         """
         if self._opened is None or self._pid != os.getpid():
             from .snapshot import Snapshot
@@ -94,9 +98,23 @@ class SnapshotHandle:
             snap = Snapshot(reopen(self.root), self.fingerprint)
             if metadata is not None:
                 snap._metadata, snap._hit_logged = metadata, True
-                snap._pinned_elsewhere = True
+                snap._pinned_elsewhere = self._sender_alive()  # else it pins for itself
             self._opened, self._pid, self._metadata = snap, os.getpid(), None
         return self._opened
+
+    def _sender_alive(self) -> bool:
+        """Whether the process that sent this handle (and holds the pin) runs on this host
+        (a worker on another host, or a handle loaded in a later job, pins for itself)."""
+        host, pid = self._sender
+        if host != socket.gethostname():
+            return False
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return False
+        except OSError:
+            pass  # it exists, under another user
+        return True
 
     def _sent(self) -> SnapshotMetadata | None:
         """What the sending process read, if it read the snapshot (and pinned it)."""
@@ -111,7 +129,9 @@ class SnapshotHandle:
         return opened.shareable_metadata()
 
     def __getstate__(self) -> dict[str, Any]:
-        return {**self.__dict__, "_opened": None, "_metadata": self._sent()}
+        metadata = self._sent()
+        sender = (socket.gethostname(), os.getpid()) if self._opened else self._sender
+        return {**self.__dict__, "_opened": None, "_metadata": metadata, "_sender": sender}
 
 
 def portable(store: Store, destination: str) -> tuple[Any, ...]:

@@ -55,11 +55,17 @@ _READ = re.compile(r"read-(\d{8}T\d{2})")
 CONFIRM_DELAYS = (0.0, 0.5, 1.0, 2.0)
 _warned = False
 _active: weakref.WeakSet[Pin] = weakref.WeakSet()
+_guards: weakref.WeakSet[ReadGuard] = weakref.WeakSet()
+# Seconds an exiting process waits for a pin still on its way, to take it down.
+_EXIT_WAIT = 5.0
 
 
 @atexit.register
 def _release_all() -> None:
-    """A process that exits without closing its snapshots still takes its pins down."""
+    """A process that exits without closing its snapshots still takes its pins down, those
+    still being written in the background included."""
+    for guard in list(_guards):
+        guard.release(timeout=_EXIT_WAIT)
     for handle in list(_active):
         handle.release()
 
@@ -141,9 +147,9 @@ def pin(store: Store, fingerprint: str, lease: float = DEFAULT_LEASE) -> Pin | N
     handle = Pin(store, fingerprint, lease)
     try:
         handle.renew()
-        hour = dt.datetime.now(dt.UTC).strftime("%Y%m%dT%H")
-        store.create_if_absent(f"{fingerprint}/{PINS_DIR}/read-{hour}", b"")
+        store.create_if_absent(read_marker(fingerprint), b"")
     except (OSError, StoreError) as exc:
+        handle.release()  # written before the marker failed: leave no pin behind
         if not _warned:
             log.warning(
                 "snapstore: cannot pin %s under %s (%s); reading it unpinned, so `snapstore gc` "
@@ -154,6 +160,12 @@ def pin(store: Store, fingerprint: str, lease: float = DEFAULT_LEASE) -> Pin | N
         return None
     handle.start()
     return handle
+
+
+def read_marker(fingerprint: str) -> str:
+    """The path of this hour's last-read marker of ``fingerprint``."""
+    hour = dt.datetime.now(dt.UTC).strftime("%Y%m%dT%H")
+    return f"{fingerprint}/{PINS_DIR}/read-{hour}"
 
 
 class ReadGuard:
@@ -198,6 +210,7 @@ class ReadGuard:
         self._released = threading.Event()
         self._lock = threading.Lock()
         self._thread = threading.Thread(target=self._run, name="snapstore-pin", daemon=True)
+        _guards.add(self)
         if start:
             self.start()
 
@@ -210,15 +223,38 @@ class ReadGuard:
                 self._thread.start()
 
     def _run(self) -> None:
-        handle = pin(self.store, self.fingerprint, self.lease)
+        try:
+            handle = pin(self.store, self.fingerprint, self.lease)
+        except Exception:  # a failure the store did not classify: read unpinned, and say so
+            log.warning("snapstore: could not pin %s", self.fingerprint, exc_info=True)
+            return
         with self._lock:
             if self._released.is_set():
                 if handle is not None:
                     handle.release()
                 return
             self.pin = handle
-        if handle is not None:
-            self.lost = self._confirm()
+        if handle is None:
+            return
+        self.lost = self._confirm()
+        if self.lost is not None:  # nothing to protect: take the pin down now
+            with self._lock:
+                handle, self.pin = self.pin, None
+            if handle is not None:
+                handle.release()
+            self._tidy()
+
+    def _tidy(self) -> None:
+        """After a removal that this reader's pin came too late for: remove the last-read
+        marker and the directories the pin made again, if no snapshot is there."""
+        try:
+            if self.store.exists(f"{self.fingerprint}/{fmt.COMMIT_NAME}"):
+                return
+            self.store.remove_tree(read_marker(self.fingerprint))
+            if self.store.remove_empty_dir(f"{self.fingerprint}/{PINS_DIR}"):
+                self.store.remove_empty_dir(self.fingerprint)
+        except Exception:  # best effort: gc removes a fingerprint directory without a record
+            log.debug("could not tidy %s after its removal", self.fingerprint, exc_info=True)
 
     def _confirm(self) -> str | None:
         """Why the snapshot is not the one opened (None when it is, or cannot be told)."""
@@ -251,13 +287,14 @@ class ReadGuard:
         self._thread.join(timeout)
         return not self._thread.is_alive()
 
-    def release(self) -> None:
-        """Stop confirming and take the pin down. Safe to call twice."""
+    def release(self, timeout: float | None = None) -> None:
+        """Stop confirming and take the pin down (a pin still being written is taken down by
+        its thread once written, if ``timeout`` ran out first). Safe to call twice."""
         with self._lock:
             self._released.set()
             started = self._thread.ident is not None
         if started and self._thread is not threading.current_thread():
-            self._thread.join()
+            self._thread.join(timeout)
         with self._lock:
             handle, self.pin = self.pin, None
         if handle is not None:

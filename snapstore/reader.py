@@ -217,9 +217,9 @@ class SnapshotReader:
                 f"manifest of {fingerprint} under {store.url} is missing or has a malformed "
                 f"entry ({exc!r}); the snapshot is corrupt: remove it and rebuild it"
             ) from exc
-        shared = (
-            metadata.index if metadata.index and len(metadata.index) <= _SHARE_INDEX_BYTES else None
-        )
+        # Workers map this host's copy, if there is one, rather than receive the bytes.
+        small = metadata.index is not None and len(metadata.index) <= _SHARE_INDEX_BYTES
+        shared = metadata.index if small and self.index_copy is None else None
         self.shareable = SnapshotMetadata(metadata.record, self.manifest, shared)
         """The metadata, verified, for another process to open this snapshot with no request."""
         self._cache: collections.OrderedDict[int, BlockColumns] = collections.OrderedDict()

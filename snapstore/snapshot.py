@@ -187,7 +187,8 @@ class Snapshot:
         if self._reader is None:
             known, self._metadata = self._metadata, None
             if known is None:
-                self.materialize()
+                if self._record is None:  # else materialize() just found it
+                    self.materialize()
             elif not self._hit_logged:
                 self._hit_logged = True
                 _log_found(self, manifest=known.manifest)

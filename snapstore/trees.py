@@ -91,8 +91,11 @@ def find_tree(fs: Any, target: str, prefix: str = "") -> dict[str, int]:
         kwargs = {"prefix": prefix}
     elif "/" in prefix:
         base = f"{target}/{prefix.rsplit('/', 1)[0]}"
+    # Listed by key prefix: an object store, with no directories to report (and some s3fs
+    # releases refuse withdirs together with a prefix).
+    withdirs = not kwargs
     try:
-        entries = fs.find(base, withdirs=True, detail=True, **kwargs)
+        entries = fs.find(base, withdirs=withdirs, detail=True, **kwargs)
     except (FileNotFoundError, NotADirectoryError):
         return {}
     return tree_from_entries(target, entries, prefix)

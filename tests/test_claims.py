@@ -105,6 +105,25 @@ def test_heartbeats_keep_a_claim_alive(store: Store) -> None:
     assert len(beats) == 1  # each beat deletes the previous one
 
 
+def test_a_stale_listing_never_makes_a_live_claim_look_expired(store: Store) -> None:
+    """gc and partitioned jobs judge claims from listings taken earlier: if the holder beat
+    since, the beat the listing names is gone, and the holder is alive however old its claim
+    (not expired since its creation, which would let gc remove its files or a job take it)."""
+    clock = FakeClock()
+    holder = foreign(store, clock)
+    for _ in range(3):
+        clock.advance(6.0)
+        holder.beat()
+    names = store.list_dir(f"{FP}/claims")  # the listing
+    clock.advance(6.0)
+    holder.beat()  # deletes the beat the listing shows
+    clock.advance(60.0)  # the claim is far older than its lease of 10 s
+    state = claims.inspect_claim(store, FP, names)
+    assert not state.expired(clock.time())
+    claim, _ = claims.acquire(store, FP, lease=10.0, owner="me", clock=clock, observed=state)
+    assert claim is None
+
+
 def test_a_watcher_expires_a_silent_holder_whatever_the_clocks_say(store: Store) -> None:
     clock = FakeClock()
     holder = foreign(store, clock)

@@ -108,6 +108,8 @@ def test_a_reader_whose_pin_comes_after_removal_looked_stops_with_a_clear_error(
     assert first["x"].tolist() == [i * i for i in range(16)]
     assert snap._guard is not None and snap._guard.wait(30)
     assert snap._guard.lost is not None and "was removed" in snap._guard.lost
+    # Nothing to protect: its pin is down, and what the pin made again is gone with it.
+    assert snap._guard.pin is None and not (tmp_path / fp).exists()
     with pytest.raises(SnapshotRemovedError, match=r"was removed .*Open it again"):
         next(batches)
     snap.close()
@@ -203,6 +205,23 @@ def test_unwritable_store_reads_unpinned(store: Store, caplog: pytest.LogCapture
     assert [s["x"] for s in snap][:3] == [0, 1, 4]
     assert "reading it unpinned" in caplog.text
     snap.close()
+
+
+def test_a_reader_that_exits_at_once_leaves_no_pin(tmp_path: Path) -> None:
+    """The pin is written in the background; a process that exits while it is on its way
+    still takes it down (and one that never read writes none)."""
+    store = LocalStore(tmp_path)
+    fp = committed(store)
+    script = (
+        "import sys, snapstore\n"
+        "from snapstore.simulate import simulated_store\n"
+        "snap = snapstore.open(sys.argv[2], root=simulated_store(sys.argv[1], ttfb=0.05))\n"
+        "print(snap[0])\n"
+    )
+    for _ in range(2):
+        subprocess.run([sys.executable, "-c", script, str(tmp_path), fp], check=True)
+    assert [n for n in store.list_dir(f"{fp}/pins") if n.startswith("pin-")] == []
+    assert pins.last_read(store, fp) is not None  # the read was recorded
 
 
 PINNER = """

@@ -87,3 +87,33 @@ def test_a_handle_from_an_unpinned_sender_pins_for_itself(tmp_path: Path, finger
     assert len(second.open()) == 300 and second.open()._guard is not None
     for s in (snap, opened, second.open()):
         s.close()
+
+
+def test_a_forked_worker_inherits_metadata_and_the_pin(tmp_path: Path, fingerprint: str) -> None:
+    """fork (Linux's default start method) copies the dataset instead of pickling it: the
+    child starts from the parent's metadata and relies on the parent's pin as well."""
+    import os
+
+    ds = SnapshotIterableDataset(fingerprint, root=str(tmp_path), batch_size=32)
+    read, write = os.pipe()
+    child = os.fork()
+    if child == 0:  # pragma: no cover - the child
+        snap = ds._location.open()
+        ok = snap._pinned_elsewhere and snap._metadata is not None and snap._guard is None
+        os.write(write, b"1" if ok else b"0")
+        os._exit(0)
+    os.waitpid(child, 0)
+    assert os.read(read, 1) == b"1"
+
+
+def test_a_handle_loaded_after_its_sender_exited_pins_for_itself(
+    tmp_path: Path, fingerprint: str
+) -> None:
+    snap = snapstore.open(fingerprint, root=str(tmp_path))
+    handle = pickle.loads(pickle.dumps(SnapshotHandle(snap, "a test")))
+    handle._sender = (handle._sender[0], 2**22 + 12345)  # no such process
+    opened = handle.open()
+    assert opened._metadata is not None and not opened._pinned_elsewhere
+    assert len(opened) == 300 and opened._guard is not None
+    opened.close()
+    snap.close()
