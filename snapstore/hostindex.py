@@ -264,16 +264,27 @@ def _write(
     for rows in _decoded_chunks(data, blocks, where):
         check(rows)
         raw = rows.view(np.uint8).data
-        os.pwrite(fd, raw, HEADER_BYTES + done * _ROW)
+        _write_at(fd, raw, HEADER_BYTES + done * _ROW)
         body = CRC32C.update(raw, body)
         sums = np.cumsum(rows["rows"].astype(np.int64))
         sums += total
-        os.pwrite(fd, sums.data, offsets_at + 8 * (done + 1))
+        _write_at(fd, sums.data, offsets_at + 8 * (done + 1))
         done, total = done + len(rows), int(sums[-1])
     body = _crc_range(fd, offsets_at, (blocks + 1) * 8, body)
     head = _HEADER.pack(MAGIC, blocks, int(entry["size"]), int(file_checksum(entry)), body)
-    os.pwrite(fd, head.ljust(HEADER_BYTES, b"\0"), 0)
+    _write_at(fd, head.ljust(HEADER_BYTES, b"\0"), 0)
     return int(blocks)
+
+
+def _write_at(fd: int, data: Any, offset: int) -> None:
+    """All of ``data`` at ``offset``: ``os.pwrite`` may write less (a nearly full disk), and a
+    copy with a hole would pass the header and size checks readers make."""
+    view = memoryview(data).cast("B")
+    while view:
+        written = os.pwrite(fd, view, offset)
+        if written <= 0:
+            raise OSError(f"could not write {len(view)} bytes of an index copy")
+        view, offset = view[written:], offset + written
 
 
 def _decoded_chunks(data: bytes, blocks: int, where: str) -> Iterator[np.ndarray[Any, Any]]:
