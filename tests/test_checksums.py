@@ -16,6 +16,7 @@ import snapstore
 from snapstore import format as fmt
 from snapstore.checksums import CHECKSUMS, CRC32, CRC32C, WRITTEN, snapshot_checksum
 from snapstore.errors import CorruptBlockError, FormatError
+from snapstore.partitions import commit_partitions, partition_dir, write_partition
 from snapstore.reader import SnapshotReader
 from snapstore.store import LocalStore
 from snapstore.writer import SnapshotWriter, WriteOptions
@@ -148,3 +149,25 @@ def test_software_crc32c_is_not_silent() -> None:
     )
     assert out.returncode == 0, out.stderr
     assert "no CRC-32C instruction" in out.stderr and "slower" in out.stderr
+
+
+def test_partitions_of_another_algorithm_are_not_assembled(tmp_path: Path) -> None:
+    """The assembled manifest names one algorithm: a partition with CRC-32 blocks (made here
+    by relabelling a partition's manifest as version 2) is refused, naming it."""
+    store = LocalStore(tmp_path)
+    for p in range(2):
+        assert write_partition(store, "fp", p, lambda p=p: ({"x": p * 10 + i} for i in range(5)))
+    part = tmp_path / partition_dir("fp", 1)
+    (path,) = part.glob("runs/*/manifest.json")
+    manifest = fmt.load_json(path.read_bytes(), "m")
+    manifest["format_version"] = 2
+    del manifest["checksum"], manifest["index"]["checksum"]
+    manifest["index"]["crc32"] = CRC32((path.parent / fmt.INDEX_NAME).read_bytes())
+    data = fmt.dump_json(manifest)
+    path.write_bytes(data)
+    record = fmt.load_json((part / fmt.COMMIT_NAME).read_bytes(), "c")
+    record.update(manifest_size=len(data), manifest_crc32=fmt.CommitRecord.checksum(data))
+    (part / fmt.COMMIT_NAME).write_bytes(fmt.dump_json(record))
+    with pytest.raises(FormatError, match="partition 1 of fp has crc32 block checksums"):
+        commit_partitions(store, "fp", 2)
+    assert not (tmp_path / "fp" / fmt.COMMIT_NAME).exists()
