@@ -63,6 +63,8 @@ _TRANSIENT = (OSError, StoreError, TimeoutError, ConnectionError)
 # Blocks this close are read in one request: the zero padding that aligns blocks, no more (a
 # larger gap would be another window's block, fetched and then thrown away).
 _MAX_GAP = BLOCK_ALIGNMENT
+# Blocks of one shard a local request holds (see Prefetcher._joins).
+_LOCAL_BLOCKS = 8
 # Request latencies kept per pass for the p95.
 _SAMPLE = 4096
 
@@ -371,12 +373,7 @@ class Prefetcher:
         for k in np.lexsort((offset, shard)).tolist():
             b, s, o, n = blocks[k], int(shard[k]), int(offset[k]), int(length[k])
             path = self._paths[s]
-            if (
-                current is not None
-                and current.path == path
-                and 0 <= o - (current.start + current.length) < _MAX_GAP
-                and o + n - current.start <= self._max_request_bytes
-            ):
+            if current is not None and current.path == path and self._joins(current, o, n):
                 current.blocks.append((b, o - current.start, n))
                 current.costs.append(int(raw[k]))
                 current.length = o + n - current.start
@@ -386,6 +383,16 @@ class Prefetcher:
             current = _Request(path, o, n, [(b, 0, n)], [int(raw[k])], chunk)
         if current is not None:
             yield current
+
+    def _joins(self, current: _Request, offset: int, length: int) -> bool:
+        """Whether the block at ``offset`` of ``current``'s shard goes in the same request:
+        remotely when it is adjacent and the request stays small enough; locally (a request is
+        a view of a memory map, whatever it spans) a few blocks at a time, so that each decode
+        task, lock and wake-up is paid per few blocks rather than per block."""
+        gap = offset - (current.start + current.length)
+        if self._local:
+            return gap >= 0 and len(current.blocks) < _LOCAL_BLOCKS
+        return 0 <= gap < _MAX_GAP and offset + length - current.start <= self._max_request_bytes
 
     def _admit(self, request: _Request) -> bool:
         """Wait until ``request`` may start; False if the prefetcher was closed meanwhile."""
@@ -441,7 +448,8 @@ class Prefetcher:
         except BaseException as exc:  # handed to the consumer
             self._finish(request, 0.0, 0, exc)
             return
-        self._finish(request, 0.0, request.length, None)
+        # A local request spans gaps it never reads (a view): count its blocks' bytes.
+        self._finish(request, 0.0, sum(n for _, _, n in request.blocks), None)
         self._decode_all(request, data)
 
     def _run_remote(self, request: _Request) -> None:

@@ -268,8 +268,9 @@ def test_local_store_reads_are_memory_map_views(tmp_path) -> None:
 
     plan, pf = prefetcher(reader, spy)
     np.testing.assert_array_equal(ids(reader, pf), plan.order())
-    # One request per block (no coalescing copies), each a view into the shard's mapping.
-    assert len(seen) == reader.num_blocks
+    # A few blocks of one shard per request (never a copy): each a view into the shard's
+    # mapping, spanning the gaps between its blocks.
+    assert reader.num_blocks / 8 <= len(seen) < reader.num_blocks
     assert all(isinstance(d, memoryview) and isinstance(d.obj, mmap.mmap) for d in seen)
     reader.close()
 
