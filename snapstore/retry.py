@@ -1,9 +1,10 @@
 """Which storage failures are worth retrying, and how long to wait between tries.
 
 :func:`classify` sorts an exception from an fsspec driver (gcsfs, s3fs, aiohttp, botocore,
-requests, plain ``OSError``) into transient (timeouts, resets, HTTP 408/429/5xx: try again) or
-a permanent kind (permission, credentials, missing bucket, no space: report at once);
-:class:`RetryPolicy` says how many times and how long to wait.
+requests, WebHDFS' RemoteException, plain ``OSError``) into transient (timeouts, resets, HTTP
+408/429/5xx, a NameNode in safe mode: try again) or a permanent kind (permission, credentials,
+missing bucket, quota, no space: report at once); :class:`RetryPolicy` says how many times and
+how long to wait.
 """
 
 from __future__ import annotations
@@ -51,11 +52,30 @@ _KIND_HINTS = {
     "name in the URL, or create the bucket",
     "location": "the location does not exist; check the URL",
     "transient": "the store did not answer; check the network and the endpoint, or try again",
+    "quota": "a quota of the directory is exhausted (names or space); check the quotas above "
+    "it (hdfs dfs -count -q -h PATH), then free space or ask for a larger quota",
     "permanent": "check that the store is reachable and writable",
+}
+# WebHDFS (and HttpFS) name the NameNode's Java exception in their error JSON; snapstore.webhdfs
+# raises it as an OSError carrying ``remote_exception``. Safe mode (a NameNode starting up),
+# a standby NameNode and RetriableException pass, or may pass, with time: try again.
+_REMOTE_KINDS = {
+    "SafeModeException": "transient",
+    "RetriableException": "transient",
+    "StandbyException": "transient",
+    "AccessControlException": "permission",
+    "SecurityException": "permission",
+    "AuthorizationException": "permission",
+    "FileNotFoundException": "missing",
+    "FileAlreadyExistsException": "exists",
+    "NSQuotaExceededException": "quota",
+    "DSQuotaExceededException": "quota",
+    "QuotaExceededException": "quota",
 }
 # The prefetcher does not retry an error whose errno says "missing" or "access denied".
 _KIND_ERRNOS = {"permission": errno.EACCES, "credentials": errno.EACCES, "bucket": errno.ENOENT,
-                "location": errno.ENOENT, "transient": errno.ETIMEDOUT}  # fmt: skip
+                "location": errno.ENOENT, "transient": errno.ETIMEDOUT,
+                "quota": errno.EDQUOT}  # fmt: skip
 
 
 def _http_status(exc: BaseException, names: set[str]) -> int | None:
@@ -67,6 +87,8 @@ def _http_status(exc: BaseException, names: set[str]) -> int | None:
     elif "botocore.exceptions.ClientError" in names:
         response = getattr(exc, "response", None) or {}
         code = response.get("ResponseMetadata", {}).get("HTTPStatusCode")
+    elif "requests.exceptions.HTTPError" in names:  # WebHDFS: an error without RemoteException
+        code = getattr(getattr(exc, "response", None), "status_code", None)
     else:
         return None
     return int(code) if isinstance(code, int | str) and str(code).isdigit() else None
@@ -74,10 +96,13 @@ def _http_status(exc: BaseException, names: set[str]) -> int | None:
 
 def _classify(exc: BaseException) -> str | None:
     """What a failure means: ``missing``, ``exists``, ``transient``, ``permission``,
-    ``credentials`` or ``permanent``; None for an exception that is not a storage failure (a
-    bad argument, a bug), which passes through unchanged."""
+    ``credentials``, ``quota`` or ``permanent``; None for an exception that is not a storage
+    failure (a bad argument, a bug), which passes through unchanged."""
     if isinstance(exc, StoreError):
         return None  # translated already
+    remote = getattr(exc, "remote_exception", None)
+    if remote in _REMOTE_KINDS:
+        return _REMOTE_KINDS[remote]
     names = {f"{k.__module__}.{k.__qualname__}" for k in type(exc).__mro__}
     status = _http_status(exc, names)
     if status is not None:

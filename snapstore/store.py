@@ -6,7 +6,8 @@ small file only if no file of that name exists, atomically, and says whether it 
 :class:`LocalStore` does it with a temp file and ``os.link`` (atomic on POSIX); an
 :class:`FsspecStore` asks the service (GCS ``ifGenerationMatch=0``, S3 ``If-None-Match: *``)
 or, for fsspec's memory filesystem, holds a process-wide lock. :data:`ATOMIC_CREATE_PROTOCOLS`
-lists the protocols where it is atomic; elsewhere (HDFS) the store warns once.
+lists the protocols where it is atomic (HDFS: over WebHDFS, :mod:`snapstore.webhdfs`);
+elsewhere (``hdfs://``) the store warns once.
 
 Errors are translated here, at the boundary. A missing file stays ``FileNotFoundError`` (the
 reader and the commit protocol rely on it). An :class:`FsspecStore` retries transient failures
@@ -366,8 +367,14 @@ class LocalStore(Store):
 # Protocols whose create-if-absent is atomic for every writer that can see the store: GCS
 # (ifGenerationMatch=0) and S3 (If-None-Match: *) refuse a second create on the service, a local
 # filesystem creates with O_EXCL, and fsspec's memory filesystem (one process) creates under
-# _CREATE_LOCK. A wrapper (DirFileSystem, the latency simulator) is judged by its ``fs``.
-ATOMIC_CREATE_PROTOCOLS = frozenset({"memory", "gs", "gcs", "s3", "s3a", "file", "local"})
+# _CREATE_LOCK. HDFS over WebHDFS creates with overwrite=false, through snapstore's driver (its
+# ``snapstore_atomic_create``; fsspec's own checks, then writes). A wrapper (DirFileSystem, the
+# latency simulator) is judged by its ``fs``.
+ATOMIC_CREATE_PROTOCOLS = frozenset({"memory", "gs", "gcs", "s3", "s3a", "file", "local"} | {
+    "webhdfs", "swebhdfs"})  # fmt: skip
+_WEBHDFS = frozenset({"webhdfs", "swebhdfs"})
+_ADVICE = dict.fromkeys(("hdfs", "arrow_hdfs"), ", or use the WebHDFS URL of the same NameNode "
+                        "(webhdfs://NAMENODE:9870/PATH), whose commits are atomic")  # fmt: skip
 # No directories, so no makedirs (s3fs' would create a missing bucket, hiding a typo).
 _OBJECT_STORES = frozenset({"gs", "gcs", "s3", "s3a"})
 _CREATE_LOCK = threading.Lock()
@@ -458,8 +465,14 @@ class FsspecStore(Store):
         self.retry = retry if retry is not None else RetryPolicy()
         protocol = _protocol(fs)
         self.url = f"{protocol}://{self.root.lstrip('/')}" if protocol != "file" else self.root
-        self.protocol = _protocol(_innermost(fs))
-        self.atomic_create = self.protocol in ATOMIC_CREATE_PROTOCOLS
+        inner = _innermost(fs)
+        self.protocol = _protocol(inner)
+        self._create_on_service = self.protocol in _OBJECT_STORES or bool(
+            getattr(inner, "snapstore_atomic_create", False)
+        )
+        self.atomic_create = self.protocol in ATOMIC_CREATE_PROTOCOLS and (
+            self.protocol not in _WEBHDFS or self._create_on_service
+        )
 
     def _path(self, path: str) -> str:
         return f"{self.root}/{path}"
@@ -633,11 +646,11 @@ class FsspecStore(Store):
                 with contextlib.suppress(OSError):
                     self.fs.rm_file(target)  # no partial record
                 raise
-        elif self.protocol in _OBJECT_STORES:
+        elif self._create_on_service:
             self.fs.pipe_file(target, data, mode="create")  # the service refuses a second one
         else:
             # memory: one process, where the lock makes its check-then-write atomic. Others
-            # (HDFS): atomic among this process's threads only; _warn_if_unsafe said so.
+            # (hdfs://): atomic among this process's threads only; _warn_if_unsafe said so.
             with _CREATE_LOCK:
                 self.fs.pipe_file(target, data, mode="create")
 
@@ -648,8 +661,8 @@ class FsspecStore(Store):
         log.warning(
             "snapstore: %s has no atomic create-if-absent, so concurrent writers of one "
             "fingerprint under %s are unsafe (more than one may believe it committed). Run "
-            "one writer per fingerprint; see 'Backends' in the snapstore guide.",
-            self.protocol, self.url,
+            "one writer per fingerprint%s; see 'Backends' in the snapstore guide.",
+            self.protocol, self.url, _ADVICE.get(self.protocol, ""),
         )  # fmt: skip
 
     def remove_empty_dir(self, path: str) -> bool:
@@ -721,8 +734,9 @@ def open_store(
     ----------
     root : str, PathLike, Store or None
         A Store passes through. A local path or ``file://`` URL gives a :class:`LocalStore`;
-        any other fsspec URL (``gs://bucket/prefix``, ``s3://...``, ``memory://...``,
-        ``webhdfs://...``) an :class:`FsspecStore`. None means :func:`default_root`.
+        any other fsspec URL (``gs://bucket/prefix``, ``s3://...``, ``memory://...``) an
+        :class:`FsspecStore`, ``webhdfs://`` and ``swebhdfs://`` a
+        :class:`~snapstore.webhdfs.WebHDFSStore`. None means :func:`default_root`.
     retry : RetryPolicy, optional
         How an FsspecStore retries transient failures; ignored for local roots, which do not
         retry.
@@ -754,6 +768,10 @@ def open_store(
             refuse_mistyped_url(text)
         return LocalStore(text.removeprefix("file://"), **storage_options)
     protocol = text.split("://", 1)[0]
+    if protocol.lower() in _WEBHDFS:
+        from .webhdfs import open_webhdfs
+
+        return open_webhdfs(text, retry=retry, **storage_options)
     try:
         if protocol in ("gs", "gcs") and _gcs_endpoint(storage_options):
             import gcsfs.core  # type: ignore[import-untyped]

@@ -314,9 +314,9 @@ def test_wrappers_are_judged_by_what_they_wrap(tmp_path: Path) -> None:
     assert FsspecStore(dir_fs, "x").atomic_create
 
 
-def test_webhdfs_has_no_atomic_create() -> None:
+def test_webhdfs_has_atomic_create() -> None:
     store = open_store("webhdfs://namenode.invalid:9870/snaps")  # connects on first use only
-    assert isinstance(store, FsspecStore) and not store.atomic_create
+    assert isinstance(store, FsspecStore) and store.atomic_create  # tests/test_webhdfs.py
     assert store.url == "webhdfs://namenode.invalid:9870/snaps"  # the host stays in messages
 
 

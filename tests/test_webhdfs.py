@@ -1,0 +1,325 @@
+"""HDFS over WebHDFS (snapstore/webhdfs.py), against the WebHDFS server the tests start
+(tests/webhdfs_server.py): the atomic commit raced by processes, errors translated, snapshots
+written, swept and read back. The store conformance suite runs on it too
+(tests/test_store_conformance.py).
+
+Against a real NameNode (never done here: no cluster was available)::
+
+    SNAPSTORE_TEST_WEBHDFS=webhdfs://namenode:9870/tmp/snapstore-test \\
+    SNAPSTORE_TEST_WEBHDFS_USER=hdfs \\
+    python -m pytest tests/test_webhdfs.py -k RealNameNode
+
+runs the conformance suite (races across processes included) in a fresh directory under that
+URL, removed afterwards.
+"""
+
+from __future__ import annotations
+
+import errno
+import json
+import logging
+import os
+import socket
+import subprocess
+import sys
+import textwrap
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import fsspec
+import numpy as np
+import pytest
+import requests
+from fsspec.implementations.memory import MemoryFileSystem
+from test_claims import SWEEP
+from test_store_conformance import Backend, StoreConformance, race_processes
+from webhdfs_server import WebHDFSServer
+
+import snapstore
+from snapstore.errors import StoreError
+from snapstore.gc import find_garbage
+from snapstore.retry import RetryPolicy, _classify
+from snapstore.simulate import simulated_store
+from snapstore.store import FsspecStore, open_store
+from snapstore.webhdfs import WebHDFSStore, _remote_error
+
+OPTIONS = snapstore.WriteOptions(block_min_rows=1, block_bytes=1024, shard_bytes=16 << 10)
+
+
+def webhdfs_store(server: WebHDFSServer, **kwargs: Any) -> WebHDFSStore:
+    url, options = server.fresh_root()
+    store = open_store(url, **options, **kwargs)
+    assert isinstance(store, WebHDFSStore)
+    return store
+
+
+def test_open_store_gives_the_atomic_store() -> None:
+    store = open_store("webhdfs://namenode.invalid:9870/snaps")  # connects on first use only
+    assert isinstance(store, WebHDFSStore) and store.atomic_create
+    assert store.url == "webhdfs://namenode.invalid:9870/snaps"  # the host stays in messages
+    secure = open_store("swebhdfs://alice@namenode.invalid:9871/snaps")
+    assert secure.fs.url == "https://namenode.invalid:9871/webhdfs/v1"  # type: ignore[attr-defined]
+    assert secure.fs.pars["user.name"] == "alice"  # type: ignore[attr-defined]
+    assert secure.atomic_create and secure.protocol == "swebhdfs"  # type: ignore[attr-defined]
+
+
+def test_fsspecs_own_webhdfs_is_not_taken_for_atomic() -> None:
+    # It creates with overwrite=true (after a check): only snapstore's driver is atomic.
+    fs = fsspec.filesystem("webhdfs", host="namenode.invalid", port=9870, skip_instance_cache=True)
+    assert not FsspecStore(fs, "/snaps").atomic_create
+
+
+class _HdfsLike(MemoryFileSystem):  # type: ignore[misc]
+    """Stands in for pyarrow's libhdfs client (hdfs://), which needs a JVM."""
+
+    protocol = "hdfs"
+    cachable = False
+
+
+def test_writes_through_hdfs_urls_point_to_webhdfs(
+    caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr("snapstore.store._WARNED", set())
+    store = FsspecStore(_HdfsLike(), f"/hdfs-{uuid.uuid4().hex}")
+    assert not store.atomic_create
+    with caplog.at_level(logging.WARNING, logger="snapstore.store"):
+        store.write_bytes("x", b"1")
+        store.write_bytes("y", b"2")
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(warnings) == 1 and "webhdfs://NAMENODE:9870/PATH" in warnings[0], warnings
+    assert bytes(store.read_bytes("x")) == b"1"  # reads work as before
+
+
+def test_four_processes_racing_for_100_names_each_get_one_winner(
+    webhdfs_server: WebHDFSServer,
+) -> None:
+    url, options = webhdfs_server.fresh_root()
+    results = race_processes(url, options, processes=4, names=100)
+    for k, wins in enumerate(zip(*results)):
+        assert sum(wins) == 1, (k, [r[k] for r in results])
+    store = open_store(url, **options)
+    for k in range(100):
+        winner = next(me for me in range(4) if results[me][k])
+        assert bytes(store.read_bytes(f"race/{k}")) == f"process {winner}".encode()
+
+
+def test_the_commit_is_one_create_without_overwrite(webhdfs_server: WebHDFSServer) -> None:
+    store = webhdfs_store(webhdfs_server)
+    store.write_bytes("fp/x", b"0")  # the directory exists
+    webhdfs_server.counts.clear()
+    assert store.create_if_absent("fp/COMMIT", b"mine") is True
+    assert webhdfs_server.counts["CREATE"] == 1 and webhdfs_server.counts["CREATE@datanode"] == 1
+    assert store.create_if_absent("fp/COMMIT", b"theirs") is False
+    assert bytes(store.read_bytes("fp/COMMIT")) == b"mine"
+
+
+def test_range_reads_are_one_open_each(webhdfs_server: WebHDFSServer) -> None:
+    store = webhdfs_store(webhdfs_server)
+    data = bytes(range(256)) * 64
+    store.write_bytes("d.bin", data)
+    webhdfs_server.counts.clear()
+    assert bytes(store.read_range("d.bin", 1000, 300)) == data[1000:1300]
+    assert bytes(store.read_range("d.bin", len(data) + 5, 10)) == b""
+    assert bytes(store.fs.cat_file(store._path("d.bin"), start=-10)) == data[-10:]
+    assert webhdfs_server.counts["OPEN"] == 3 and webhdfs_server.counts["GETFILESTATUS"] == 1
+
+
+# -- errors --------------------------------------------------------------------------------------
+
+
+def test_safe_mode_is_retried_until_the_namenode_leaves_it(webhdfs_server: WebHDFSServer) -> None:
+    class LeaveSafeMode(RetryPolicy):
+        def backoff(self, retry: int) -> float:
+            webhdfs_server.safe_mode = False  # the NameNode finished starting up meanwhile
+            return 0.0
+
+    store = webhdfs_store(webhdfs_server, retry=LeaveSafeMode(attempts=3))
+    with webhdfs_server.switched(safe_mode=True):
+        assert store.create_if_absent("fp/COMMIT", b"x") is True
+    assert bytes(store.read_bytes("fp/COMMIT")) == b"x"
+
+
+def test_safe_mode_that_lasts_fails_clearly(webhdfs_server: WebHDFSServer) -> None:
+    store = webhdfs_store(webhdfs_server, retry=RetryPolicy(attempts=2, base=0))
+    with webhdfs_server.switched(safe_mode=True), pytest.raises(StoreError) as info:
+        store.write_bytes("fp/data", b"x")
+    message = str(info.value)
+    assert store.url in message and "gave up after 2 tries" in message
+    assert "safe mode" in message and "hdfs dfsadmin -safemode get" in message
+
+
+def test_a_standby_namenode_says_to_use_the_active_one(webhdfs_server: WebHDFSServer) -> None:
+    store = webhdfs_store(webhdfs_server, retry=RetryPolicy(attempts=2, base=0))
+    with webhdfs_server.switched(standby=True), pytest.raises(StoreError, match="active NameNode"):
+        store.read_bytes("anything")
+
+
+def test_permission_denied_is_not_retried_and_names_the_user(
+    webhdfs_server: WebHDFSServer,
+) -> None:
+    store = webhdfs_store(webhdfs_server)
+    store.write_bytes("secret", b"x")
+    webhdfs_server.counts.clear()
+    with webhdfs_server.switched(denied_prefixes=["/"]), pytest.raises(StoreError) as info:
+        store.read_bytes("secret")
+    assert info.value.errno == errno.EACCES and webhdfs_server.counts["OPEN"] == 1
+    message = str(info.value)
+    assert f"{store.url}/secret" in message and "user=test" in message
+    assert "HDFS permissions" in message
+
+
+def test_a_missing_file_stays_file_not_found(webhdfs_server: WebHDFSServer) -> None:
+    store = webhdfs_store(webhdfs_server)
+    with pytest.raises(FileNotFoundError):
+        store.read_bytes("nope")
+    assert not store.exists("nope") and store.list_dir("nope") == []
+
+
+def test_no_namenode_names_the_url_and_what_to_check() -> None:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]  # free, and nothing listens once closed
+    store = open_store(f"webhdfs://127.0.0.1:{port}/snaps", retry=RetryPolicy(attempts=2, base=0))
+    with pytest.raises(StoreError) as info:
+        store.read_bytes("x")
+    message = str(info.value)
+    assert f"webhdfs://127.0.0.1:{port}/snaps/x" in message and "connection refused" in message
+    assert "dfs.webhdfs.enabled" in message and "gave up after 2 tries" in message
+
+
+class _Response:
+    """An error answer from a NameNode, as ``requests`` gives it."""
+
+    def __init__(self, status: int, body: Any) -> None:
+        self.status_code, self._body = status, body
+
+    def json(self) -> Any:
+        if self._body is None:
+            raise ValueError("no JSON")
+        return self._body
+
+
+def _remote(name: str, message: str) -> _Response:
+    return _Response(403, {"RemoteException": {"exception": name, "message": message}})
+
+
+def test_an_exhausted_quota_says_what_to_check(
+    webhdfs_server: WebHDFSServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    store = webhdfs_store(webhdfs_server)  # the test server has no quotas: the answer is faked
+    answer = _remote("DSQuotaExceededException", "The DiskSpace quota of /snaps is exceeded: "
+                     "quota = 1024 B = 1 KB but diskspace consumed = 2 KB")  # fmt: skip
+    quota = _remote_error(answer)
+    assert quota is not None
+
+    def refuse(*args: Any, **kwargs: Any) -> Any:
+        raise quota
+
+    monkeypatch.setattr(store.fs, "_call", refuse)
+    with pytest.raises(StoreError) as info:
+        store.write_bytes("big", b"x" * 2048)
+    message = str(info.value)
+    assert store.url in message and "quota" in message and "hdfs dfs -count -q" in message
+    assert info.value.errno == errno.EDQUOT
+
+
+def test_every_remote_exception_is_classified() -> None:
+    kinds = {
+        "SafeModeException": "transient", "RetriableException": "transient",
+        "StandbyException": "transient", "AccessControlException": "permission",
+        "FileNotFoundException": "missing", "FileAlreadyExistsException": "exists",
+        "NSQuotaExceededException": "quota", "DSQuotaExceededException": "quota",
+        "IOException": "permanent",
+    }  # fmt: skip
+    for name, kind in kinds.items():
+        err = _remote_error(_remote(name, "m"))
+        assert err is not None and _classify(err) == kind, name
+    assert _remote_error(_Response(500, None)) is None  # no JSON: requests' HTTPError instead
+    answer = requests.Response()
+    answer.status_code = 503
+    assert _classify(requests.HTTPError(response=answer)) == "transient"
+
+
+# -- snapshots -----------------------------------------------------------------------------------
+
+
+def tokens(n: int) -> Iterator[dict[str, Any]]:
+    for i in range(n):
+        yield {"x": i, "v": np.full(16, i, np.int32), "name": f"s{i}"}
+
+
+def test_a_snapshot_is_written_and_read_back_through_the_prefetcher(
+    webhdfs_server: WebHDFSServer,
+) -> None:
+    root = f"{webhdfs_server.url}/snaps-{uuid.uuid4().hex[:8]}"
+    snap = snapstore.snapshot(tokens, root=root, options=OPTIONS)(600).materialize()
+    assert snap.committed
+    with snapstore.open(snap.fingerprint, root=root) as again:
+        assert len(again) == 600 and again[599]["name"] == "s599"
+        seen = []
+        with again.batches(32, shuffle=True, seed=3, window_blocks=8) as reader:
+            for batch in reader:
+                for x, v in zip(batch["x"], batch["v"]):
+                    assert v.tolist() == [int(x)] * 16
+                    seen.append(int(x))
+    assert sorted(seen) == list(range(600)) and seen != list(range(600))
+    snap.close()
+
+
+def test_the_latency_simulator_reads_over_webhdfs(webhdfs_server: WebHDFSServer) -> None:
+    url, options = webhdfs_server.fresh_root()
+    fp = snapstore.snapshot(tokens, root=open_store(url, **options), options=OPTIONS)(200)
+    fingerprint = fp.materialize().fingerprint
+    store = simulated_store(open_store(url, **options), ttfb=0.01)
+    assert store.atomic_create  # judged by the WebHDFS driver it wraps
+    with snapstore.open(fingerprint, root=store) as snap:
+        assert [int(s["x"]) for s in snap] == list(range(200))
+    assert store.fs.requests > 0  # type: ignore[attr-defined]
+
+
+def test_a_sweep_of_six_processes_computes_once(
+    webhdfs_server: WebHDFSServer, tmp_path: Path
+) -> None:
+    script = tmp_path / "sweep.py"
+    script.write_text(textwrap.dedent(SWEEP))
+    log = tmp_path / "log"
+    root, options = webhdfs_server.fresh_root()
+    args = [str(script), root, str(log), str(time.time() + 3.0), json.dumps(options)]
+    procs = [
+        subprocess.Popen([sys.executable, *args],
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        for _ in range(6)
+    ]  # fmt: skip
+    results = []
+    for p in procs:
+        out, err = p.communicate(timeout=120)
+        assert p.returncode == 0, err
+        results.append(json.loads(out))
+    assert log.read_text() == "ran\n"  # the stage ran once in the whole sweep
+    assert len({json.dumps(r, sort_keys=True) for r in results}) == 1
+    assert results[0]["n"] == 400
+    store = open_store(root, **options)
+    assert {g.kind for g in find_garbage(store, min_age=0)} <= {"claims"}
+
+
+# -- a real NameNode, when one is given ------------------------------------------------------
+
+
+class TestRealNameNode(StoreConformance):
+    """The conformance suite against ``$SNAPSTORE_TEST_WEBHDFS`` (see the module docstring)."""
+
+    @pytest.fixture
+    def backend(self) -> Iterator[Backend]:
+        base = os.environ.get("SNAPSTORE_TEST_WEBHDFS")
+        if not base:
+            pytest.skip("set SNAPSTORE_TEST_WEBHDFS=webhdfs://namenode:9870/some/dir to run")
+        user = os.environ.get("SNAPSTORE_TEST_WEBHDFS_USER")
+        options = {"user": user} if user else {}
+        url = f"{base.rstrip('/')}/snapstore-conformance-{uuid.uuid4().hex[:12]}"
+        store = open_store(url, **options)
+        yield Backend(store, url, options)
+        store.remove_tree("")
+        store.close()
