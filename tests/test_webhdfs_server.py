@@ -7,8 +7,10 @@ import json
 import subprocess
 import sys
 import textwrap
+import time
 import uuid
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import fsspec
@@ -81,6 +83,22 @@ def test_create_is_two_steps_and_overwrite_false_conflicts(hdfs: Client) -> None
         remote_exception(early, 403, "FileAlreadyExistsException")
     where = hdfs.call("PUT", "d/g", "CREATE", noredirect="true")
     assert where.status_code == 200 and "datanode=true" in where.json()["Location"]
+
+
+def test_a_file_under_construction_is_visible_and_empty(hdfs: Client) -> None:
+    writer = Client(hdfs.server, hdfs.base)  # a session of its own, in its own thread
+    with hdfs.server.switched(under_construction=2.0), ThreadPoolExecutor(1) as pool:
+        created = pool.submit(writer.create, "slow", b"record")
+        deadline = time.monotonic() + 5
+        while hdfs.call("GET", "slow", "GETFILESTATUS").status_code == 404:
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+        assert hdfs.read("slow") == b"" and not created.done()  # a reader sees it empty
+        second = hdfs.create("slow", b"other")  # and a second creator loses already
+        remote_exception(second, 403, "FileAlreadyExistsException")
+        assert created.result().status_code == 201
+    assert hdfs.read("slow") == b"record"
+    writer.session.close()
 
 
 def test_append_is_two_steps(hdfs: Client) -> None:

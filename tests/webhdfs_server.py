@@ -11,8 +11,9 @@ client use (``/webhdfs/v1/<path>?op=...&user.name=...``), over a directory on lo
   ``FileAlreadyExistsException`` (set :attr:`WebHDFSServer.early_create_check` to have the
   NameNode step answer that too). A create is atomic: the bytes go to a staging file that is
   then linked into place without replacing (``overwrite=false``) or renamed over the old file,
-  so one of N racing creators wins and a reader never sees a partial file (stricter than HDFS,
-  where a file being written is visible, growing, until closed).
+  so one of N racing creators wins and a reader never sees a partial file. On HDFS a file being
+  written is visible, growing, until closed: ``under_construction = <seconds>`` shows it so
+  (empty for that long, then whole).
 - ``OPEN`` (GET, redirected to the DataNode) with ``offset`` and ``length``; an offset past the
   end answers 403 ``EOFException`` as HDFS' seek does.
 - ``GETFILESTATUS``, ``LISTSTATUS`` (a file lists itself, ``pathSuffix`` empty),
@@ -43,6 +44,7 @@ import os
 import shutil
 import tempfile
 import threading
+import time
 import uuid
 from collections import Counter
 from collections.abc import Iterator
@@ -97,6 +99,7 @@ class WebHDFSServer(ThreadingHTTPServer):
         self.safe_mode = False
         self.standby = False
         self.early_create_check = False
+        self.under_construction = 0.0  # seconds a created file stays empty before its bytes
         self.denied_prefixes: list[str] = []
         self.counts: Counter[str] = Counter()
         self.datanode_host = host  # where redirects point (a client may map it: data_proxy)
@@ -111,6 +114,7 @@ class WebHDFSServer(ThreadingHTTPServer):
     def reset(self) -> None:
         """Every switch off (the counts stay: ``counts.clear()``)."""
         self.safe_mode = self.standby = self.early_create_check = False
+        self.under_construction = 0.0
         self.denied_prefixes = []
         self.datanode_host = self.host
 
@@ -166,16 +170,9 @@ class _Handler(BaseHTTPRequestHandler):
         pass
 
     def do_GET(self) -> None:
-        self._handle("GET")
+        self._handle(self.command)
 
-    def do_PUT(self) -> None:
-        self._handle("PUT")
-
-    def do_POST(self) -> None:
-        self._handle("POST")
-
-    def do_DELETE(self) -> None:
-        self._handle("DELETE")
+    do_PUT = do_POST = do_DELETE = do_GET
 
     # -- plumbing ------------------------------------------------------------------------------
 
@@ -296,31 +293,36 @@ class _Handler(BaseHTTPRequestHandler):
             if self.server.early_create_check and overwrite == "false" and local.exists():
                 raise RemoteError("FileAlreadyExistsException", f"{path} already exists")
             return self._redirect(path, params)
+        slow = self.server.under_construction
         fd, staged = tempfile.mkstemp(dir=self.server.staging)
-        try:
-            with os.fdopen(fd, "wb") as f:
+        with os.fdopen(fd, "wb") as f:
+            try:
+                f.write(b"" if slow else body)
+                f.flush()
+                with self.server.lock:
+                    self._place(path, local, staged, overwrite == "true")
+            finally:
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(staged)
+            if slow:  # as on HDFS: the file is there, empty, until its writer closes it
+                time.sleep(slow)
                 f.write(body)
-            with self.server.lock:
-                if local.is_dir():
-                    raise RemoteError(
-                        "FileAlreadyExistsException", f"{path} already exists as a directory"
-                    )
-                self._make_parents(local)
-                if overwrite == "true":
-                    os.replace(staged, local)
-                else:
-                    try:
-                        os.link(staged, local)  # fails if the name exists: never replaces
-                    except FileExistsError:
-                        raise RemoteError(
-                            "FileAlreadyExistsException",
-                            f"{path} for client 127.0.0.1 already exists",
-                        ) from None
-        finally:
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(staged)
         hdfs_url = f"hdfs://{self.server.host}:{self.server.port}{quote(path)}"
         self._send(HTTPStatus.CREATED, Location=hdfs_url)
+
+    def _place(self, path: str, local: Path, staged: str, overwrite: bool) -> None:
+        """Put the staged file at ``local``: renamed over it, or linked where nothing is."""
+        if local.is_dir():
+            raise RemoteError("FileAlreadyExistsException", f"{path} already exists as a directory")
+        self._make_parents(local)
+        if overwrite:
+            os.replace(staged, local)
+            return
+        try:
+            os.link(staged, local)  # fails if the name exists: never replaces
+        except FileExistsError:
+            message = f"{path} for client 127.0.0.1 already exists"
+            raise RemoteError("FileAlreadyExistsException", message) from None
 
     def _post_append(self, path: str, params: dict[str, str], body: bytes, datanode: bool) -> None:
         local = self._existing(path)
