@@ -19,6 +19,7 @@ import errno
 import json
 import logging
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -35,6 +36,7 @@ import pytest
 import requests
 from fsspec.implementations.memory import MemoryFileSystem
 from test_claims import SWEEP
+from test_commit import run_writer, visible
 from test_store_conformance import Backend, StoreConformance, race_processes
 from webhdfs_server import WebHDFSServer
 
@@ -303,6 +305,30 @@ def test_a_sweep_of_six_processes_computes_once(
     assert results[0]["n"] == 400
     store = open_store(root, **options)
     assert {g.kind for g in find_garbage(store, min_age=0)} <= {"claims"}
+
+
+def test_a_writer_killed_mid_write_leaves_nothing_visible_and_a_rerun_commits(
+    webhdfs_server: WebHDFSServer, tmp_path: Path
+) -> None:
+    root = f"{webhdfs_server.url}/killed-{uuid.uuid4().hex[:8]}"
+    proc = run_writer(tmp_path, root, "finite")
+    assert proc.stdout is not None
+    fp = proc.stdout.readline().strip()
+    assert proc.stdout.readline().strip() == "WRITING"
+    store = open_store(root)
+    deadline = time.monotonic() + 30
+    while not store.list_tree(f"{fp}/runs") and time.monotonic() < deadline:
+        time.sleep(0.01)  # until its first shards are uploaded: a kill mid-write
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait(timeout=30)
+    assert not visible(store, fp)
+    assert len(store.list_dir(f"{fp}/runs")) == 1  # its run: garbage, but invisible
+    rerun = run_writer(tmp_path, root, "finite")
+    out, _ = rerun.communicate(timeout=120)
+    assert rerun.returncode == 0, out
+    assert out.split()[0] == fp and "DONE 2000" in out
+    with snapstore.open(fp, root=root) as snap:
+        assert len(snap) == 2000 and int(snap[1999]["x"][0]) == 1999
 
 
 # -- a real NameNode, when one is given ------------------------------------------------------
