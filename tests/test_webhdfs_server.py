@@ -11,6 +11,7 @@ import time
 import uuid
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 from typing import Any
 
 import fsspec
@@ -280,3 +281,34 @@ def test_fsspec_webhdfs_client(webhdfs_server: WebHDFSServer) -> None:
         fs.cat_file(f"{base}/missing")
     fs.rm(f"{base}/a", recursive=True)
     assert not fs.exists(f"{base}/a") and fs.ls(base) == [f"{base}/empty"]
+
+
+def test_datanode_addresses_mapped_by_the_client(webhdfs_server: WebHDFSServer) -> None:
+    # A cluster's redirects name DataNodes the client may not resolve: fsspec's data_proxy maps.
+    proxy = {"datanode.invalid": webhdfs_server.host}
+    fs = fsspec.filesystem(
+        "webhdfs", host=webhdfs_server.host, port=webhdfs_server.port, user="test",
+        data_proxy=proxy, skip_instance_cache=True,
+    )  # fmt: skip
+    path = f"/proxied-{uuid.uuid4().hex[:8]}"
+    with webhdfs_server.switched(datanode_host="datanode.invalid"):
+        fs.pipe_file(path, b"through the proxy")
+        assert fs.cat_file(path, start=4, end=11) == b"through the proxy"[4:11]
+
+
+def test_runs_as_a_script(tmp_path: Path) -> None:
+    script = Path(__file__).with_name("webhdfs_server.py")
+    proc = subprocess.Popen(
+        [sys.executable, str(script), "--root", str(tmp_path)],
+        stdout=subprocess.PIPE, text=True, env=child_env(),
+    )  # fmt: skip
+    try:
+        assert proc.stdout is not None
+        url = proc.stdout.readline().split()[0]
+        host, port = url.removeprefix("webhdfs://").split(":")
+        fs = fsspec.filesystem("webhdfs", host=host, port=int(port), skip_instance_cache=True)
+        fs.pipe_file("/dir/file", b"on disk")
+        assert (tmp_path / "dir" / "file").read_bytes() == b"on disk"
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)

@@ -38,6 +38,7 @@ ACLs, checksums, symlinks, delegation tokens, Kerberos, ``CONCAT``, ``TRUNCATE``
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import json
 import os
@@ -438,10 +439,11 @@ def _int(params: dict[str, str], name: str, default: int) -> int:
 
 
 @contextlib.contextmanager
-def running_webhdfs(root: Path | None = None) -> Iterator[WebHDFSServer]:
-    """A WebHDFS server on 127.0.0.1, a free port, in a thread; stopped and removed on exit."""
+def running_webhdfs(root: Path | None = None, port: int = 0) -> Iterator[WebHDFSServer]:
+    """A WebHDFS server on 127.0.0.1 (a free port unless given) in a thread, over ``root`` (a
+    temp directory, removed after, unless given); stopped on exit."""
     tmp = None if root is not None else tempfile.TemporaryDirectory(prefix="webhdfs-")
-    server = WebHDFSServer(Path(tmp.name) if tmp else root)  # type: ignore[arg-type]
+    server = WebHDFSServer(Path(tmp.name) if tmp else root, port=port)  # type: ignore[arg-type]
     thread = threading.Thread(target=server.serve_forever, name="webhdfs-server", daemon=True)
     thread.start()
     try:
@@ -452,3 +454,20 @@ def running_webhdfs(root: Path | None = None) -> Iterator[WebHDFSServer]:
         thread.join(timeout=5)
         if tmp is not None:
             tmp.cleanup()
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Serve until interrupted, for examples and manual runs:
+    ``python tests/webhdfs_server.py [--port 9870] [--root DIR]`` prints the URL to use."""
+    parser = argparse.ArgumentParser(description="A WebHDFS REST server for tests.")
+    parser.add_argument("--port", type=int, default=0, help="default: a free port")
+    parser.add_argument("--root", type=Path, help="the directory holding HDFS' / (default: temp)")
+    args = parser.parse_args(argv)
+    with running_webhdfs(args.root, args.port) as server:
+        print(f"{server.url} user={server.user} root={server.root}", flush=True)
+        with contextlib.suppress(KeyboardInterrupt):
+            threading.Event().wait()
+
+
+if __name__ == "__main__":
+    main()
