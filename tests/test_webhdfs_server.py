@@ -179,6 +179,12 @@ def test_delete(hdfs: Client) -> None:
     remote_exception(hdfs.call("GET", "t", "GETFILESTATUS"), 404, "FileNotFoundException")
 
 
+def test_a_failing_disk_answers_an_ioexception(hdfs: Client) -> None:
+    # A name longer than the disk allows (HDFS: PathComponentTooLongException, an IOException).
+    too_long = hdfs.create("x" * 300, b"data")
+    assert "x" * 300 in remote_exception(too_long, 403, "IOException")
+
+
 def test_switches(hdfs: Client) -> None:
     hdfs.create("f", b"x")
     with hdfs.server.switched(safe_mode=True):

@@ -198,6 +198,8 @@ class _Handler(BaseHTTPRequestHandler):
                 handler(path, params, body, datanode)
             except (FileNotFoundError, NotADirectoryError):  # removed while being answered
                 raise RemoteError("FileNotFoundException", f"File does not exist: {path}") from None
+            except OSError as exc:  # the disk under the server: as an HDFS IOException
+                raise RemoteError("IOException", f"{path}: {exc}") from None
         except RemoteError as exc:
             status = STATUS.get(exc.exception, 403)
             self._send(status, json.dumps(exc.body()).encode())
