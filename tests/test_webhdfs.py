@@ -331,6 +331,16 @@ def test_a_writer_killed_mid_write_leaves_nothing_visible_and_a_rerun_commits(
         assert len(snap) == 2000 and int(snap[1999]["x"][0]) == 1999
 
 
+def test_the_hdfs_example_runs_against_the_test_server() -> None:
+    example = Path(__file__).resolve().parent.parent / "examples" / "hdfs.py"
+    cmd = [sys.executable, str(example), "--jobs", "3", "--samples", "1000"]
+    run = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0, run.stderr
+    assert "atomic create-if-absent: True" in run.stdout, run.stdout
+    assert "3 jobs started the stage at once; it ran 1 time(s)" in run.stdout, run.stdout
+    assert "1000 samples read shuffled" in run.stdout and "UNEXPECTED" not in run.stdout
+
+
 # -- a real NameNode, when one is given ------------------------------------------------------
 
 
