@@ -27,6 +27,7 @@ import textwrap
 import time
 import uuid
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -127,6 +128,24 @@ def test_range_reads_are_one_open_each(webhdfs_server: WebHDFSServer) -> None:
     assert bytes(store.read_range("d.bin", len(data) + 5, 10)) == b""
     assert bytes(store.fs.cat_file(store._path("d.bin"), start=-10)) == data[-10:]
     assert webhdfs_server.counts["OPEN"] == 3 and webhdfs_server.counts["GETFILESTATUS"] == 1
+
+
+def test_many_threads_share_the_session(
+    webhdfs_server: WebHDFSServer, caplog: pytest.LogCaptureFixture
+) -> None:
+    # The prefetcher's fetch threads share one requests session: its pool keeps a connection
+    # per thread (urllib3 would drop and reopen them past 10, and say so).
+    store = webhdfs_store(webhdfs_server)
+    data = np.random.default_rng(0).integers(0, 256, 8192, np.uint8).tobytes()
+    store.write_bytes("blob", data)
+    ranges = [(int(s), int(n)) for s, n in np.random.default_rng(1).integers(0, 4096, (300, 2))]
+
+    def read(r: tuple[int, int]) -> bool:
+        return bytes(store.read_range("blob", r[0], r[1])) == data[r[0] : r[0] + r[1]]
+
+    with caplog.at_level(logging.WARNING), ThreadPoolExecutor(32) as pool:
+        assert all(pool.map(read, ranges))
+    assert not [r for r in caplog.records if "pool is full" in r.getMessage()]
 
 
 # -- errors --------------------------------------------------------------------------------------
