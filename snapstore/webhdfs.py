@@ -154,7 +154,11 @@ class _WebHDFS(WebHDFS):  # type: ignore[misc]
                 return b""
             params["length"] = end - (start or 0)
         try:
-            return bytes(self._call("OPEN", "get", path, **params).content)
+            answer = self._call("OPEN", "get", path, redirect=False, **params)
+            location = answer.headers.get("Location")
+            if location is not None:  # to the DataNode, through data_proxy as fsspec does
+                answer = _check(self.session.get(self._apply_proxy(location)))
+            return bytes(answer.content)
         except OSError as exc:  # an offset past the end: HDFS' seek says EOFException
             eof = getattr(exc, "remote_exception", None) == "EOFException"
             if params.get("offset") and (eof or "out of the range" in str(exc)):

@@ -130,6 +130,17 @@ def test_range_reads_are_one_open_each(webhdfs_server: WebHDFSServer) -> None:
     assert webhdfs_server.counts["OPEN"] == 3 and webhdfs_server.counts["GETFILESTATUS"] == 1
 
 
+def test_datanode_addresses_are_mapped_through_data_proxy(webhdfs_server: WebHDFSServer) -> None:
+    # A cluster behind a proxy or in containers: the NameNode redirects to names the client
+    # cannot resolve; fsspec's data_proxy maps them, for snapstore's own calls too.
+    store = webhdfs_store(webhdfs_server, data_proxy={"datanode.invalid": "127.0.0.1"})
+    with webhdfs_server.switched(datanode_host="datanode.invalid"):
+        store.write_bytes("d.bin", b"0123456789")
+        assert store.create_if_absent("fp/COMMIT", b"mine") is True
+        assert bytes(store.read_range("d.bin", 2, 3)) == b"234"
+        assert bytes(store.read_bytes("fp/COMMIT")) == b"mine"
+
+
 def test_many_threads_share_the_session(
     webhdfs_server: WebHDFSServer, caplog: pytest.LogCaptureFixture
 ) -> None:
