@@ -4,8 +4,9 @@ Format versions 1 and 2 checksum blocks and files with CRC-32 (zlib's polynomial
 records its algorithm in the manifest (``"checksum"``) and snapstore writes CRC-32C
 (Castagnoli), through the ``crc32c`` package: hardware instructions on x86-64 (SSE 4.2) and
 arm64, 6.5x zlib's CRC-32 per core here on cached buffers and 4x from memory, the GIL released
-for buffers from 32 KiB, any buffer accepted, and the value a GCS object's ``crc32c`` reports. Both fit the 32-bit slots the index
-rows and files have always had. ``benchmarks/bench_checksum.py`` measures the candidates.
+for buffers from 32 KiB, any buffer accepted, and the value a GCS object's ``crc32c`` reports.
+Both fit the 32-bit slots the index rows and files have always had.
+``benchmarks/bench_checksum.py`` measures the candidates.
 
 Where the CPU has no CRC-32C instruction, ``crc32c`` falls back to a table-driven C version
 about as fast as zlib's CRC-32: snapstore then logs a warning once (never silently slow), and
