@@ -371,6 +371,14 @@ def test_the_hdfs_example_runs_against_the_test_server() -> None:
     assert "1000 samples read shuffled" in run.stdout and "UNEXPECTED" not in run.stdout
 
 
+def test_the_webhdfs_benchmark_runs() -> None:  # figures are not checked: see benchmarks/
+    bench = Path(__file__).resolve().parent.parent / "benchmarks" / "bench_webhdfs.py"
+    cmd = [sys.executable, str(bench), "--samples", "2000", "--repeat", "1", "--ttfb", "0.01"]
+    run = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0, run.stderr
+    assert "steady state 10 ms / 0 ms:" in run.stdout, run.stdout
+
+
 # -- a real NameNode, when one is given ------------------------------------------------------
 
 
