@@ -69,6 +69,11 @@ def test_open_store_gives_the_atomic_store() -> None:
     assert secure.atomic_create and secure.protocol == "swebhdfs"  # type: ignore[attr-defined]
 
 
+def test_conflicting_options_name_the_url() -> None:
+    with pytest.raises(StoreError, match=r"webhdfs://alice@nn:9870/x.*check the URL"):
+        open_store("webhdfs://alice@nn:9870/x", token="delegation-token")  # user and token
+
+
 def test_fsspecs_own_webhdfs_is_not_taken_for_atomic() -> None:
     # It creates with overwrite=true (after a check): only snapstore's driver is atomic.
     fs = fsspec.filesystem("webhdfs", host="namenode.invalid", port=9870, skip_instance_cache=True)
