@@ -1,17 +1,19 @@
 """HDFS over its REST API (WebHDFS, HttpFS): a store whose commit is atomic on the NameNode.
 
-Everything but three calls goes through fsspec's ``WebHDFS``; those three are made by
+Everything but the calls below goes through fsspec's ``WebHDFS``; these are made by
 :class:`_WebHDFS`, its subclass here, and serve any store over it (the latency simulator's too):
 
 - **create-if-absent**: ``CREATE`` with ``overwrite=false``, in the API's two steps (a ``PUT``
   to the NameNode, which answers ``307`` with a DataNode's address, then the ``PUT`` of the data
-  there). HDFS creates a file under a lease on the NameNode, so of two creators of one name
-  exactly one succeeds; the other gets ``403 FileAlreadyExistsException``. fsspec always
-  sends ``overwrite=true``, so it cannot be used for this.
+  there). The NameNode checks and creates the name under its namespace lock, so of two
+  creators of one name exactly one succeeds; the other gets ``403
+  FileAlreadyExistsException``. fsspec always sends ``overwrite=true``, so it cannot be used.
 - **range reads**: one ``OPEN`` with ``offset`` and ``length`` (fsspec's ``cat_file`` first asks
   ``GETFILESTATUS`` for the size, then reads ahead up to 5 MiB past the range).
 - **whole reads**: one ``OPEN``, and whole writes one ``CREATE`` (fsspec: ``CREATE`` empty,
   then ``APPEND``).
+- **removing an empty directory** (:meth:`WebHDFSStore.remove_empty_dir`): ``DELETE`` with
+  ``recursive=false``, which the NameNode refuses for a non-empty one in the same step.
 
 Errors: the NameNode's and the DataNode's error JSON names a Java exception
 (``{"RemoteException": {"exception": "SafeModeException", ...}}``); it is raised as an
