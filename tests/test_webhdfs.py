@@ -116,10 +116,10 @@ def test_four_processes_racing_for_100_names_each_get_one_winner(
 
 def test_the_commit_is_one_create_without_overwrite(webhdfs_server: WebHDFSServer) -> None:
     store = webhdfs_store(webhdfs_server)
-    store.write_bytes("fp/x", b"0")  # the directory exists
     webhdfs_server.counts.clear()
-    assert store.create_if_absent("fp/COMMIT", b"mine") is True
+    assert store.create_if_absent("fp/COMMIT", b"mine") is True  # its parents made with it
     assert webhdfs_server.counts["CREATE"] == 1 and webhdfs_server.counts["CREATE@datanode"] == 1
+    assert sum(webhdfs_server.counts.values()) == 2
     assert store.create_if_absent("fp/COMMIT", b"theirs") is False
     assert bytes(store.read_bytes("fp/COMMIT")) == b"mine"
 
