@@ -68,6 +68,8 @@ _REMOTE_KINDS = {
     "AuthorizationException": "permission",
     "FileNotFoundException": "missing",
     "FileAlreadyExistsException": "exists",
+    "AlreadyBeingCreatedException": "exists",  # the other creator is still writing it
+    "RecoveryInProgressException": "exists",  # ... or died, and its lease is being recovered
     "NSQuotaExceededException": "quota",
     "DSQuotaExceededException": "quota",
     "QuotaExceededException": "quota",

@@ -44,6 +44,10 @@ _PROTOCOLS = ("webhdfs", "swebhdfs")
 _BUILTIN: dict[str, tuple[type[OSError], int]] = {
     "FileNotFoundException": (FileNotFoundError, errno.ENOENT),
     "FileAlreadyExistsException": (FileExistsError, errno.EEXIST),
+    # A create of a file another client is still writing (HDFS checks the lease before it
+    # says "exists"); after its writer died, lease recovery starts: the name is taken either way.
+    "AlreadyBeingCreatedException": (FileExistsError, errno.EEXIST),
+    "RecoveryInProgressException": (FileExistsError, errno.EEXIST),
     "AccessControlException": (PermissionError, errno.EACCES),
     "SecurityException": (PermissionError, errno.EACCES),
     "AuthorizationException": (PermissionError, errno.EACCES),
