@@ -27,7 +27,9 @@ prefetcher's most requests in flight) so that none is opened and dropped per req
 
 from __future__ import annotations
 
+import contextlib
 import errno
+import time
 from typing import Any
 from urllib.parse import quote
 
@@ -35,7 +37,7 @@ from fsspec.implementations.webhdfs import WebHDFS
 
 from .errors import StoreError
 from .retry import RetryPolicy
-from .store import FsspecStore
+from .store import FsspecStore, _vanished
 
 __all__ = ["WebHDFSStore", "open_webhdfs"]
 
@@ -63,6 +65,9 @@ _REMOTE_HINTS = {
     "StandbyException": "this NameNode is the standby one; use the address of the active "
     "NameNode (hdfs haadmin -getAllServiceState): WebHDFS does not fail over",
 }
+# How long a record found to hold a beginning of this writer's bytes is watched for the rest:
+# HDFS shows a file while it is written (a record of a few hundred bytes: milliseconds).
+_SETTLE_SECONDS = 2.0
 _NO_NAMENODE = (
     "check host:port (the NameNode's HTTP port: 9870 on Hadoop 3, 50070 on Hadoop 2) and that "
     "WebHDFS is enabled (dfs.webhdfs.enabled)"
@@ -178,6 +183,30 @@ class WebHDFSStore(FsspecStore):
 
     Build it with :func:`snapstore.open_store` (or :func:`open_webhdfs`).
     """
+
+    def create_if_absent(self, path: str, data: bytes) -> bool:
+        # FsspecStore's, but a record found holding a beginning of our bytes (empty included)
+        # may be ours still being written, after a create whose response was lost: HDFS shows
+        # a file before its writer closes it. It is watched until it holds more.
+        data = bytes(data)
+        target = self._path(path)
+        for _ in range(self.retry.attempts):
+            with contextlib.suppress(FileExistsError):
+                create = lambda: self.fs.pipe_file(target, data, mode="create")  # noqa: E731
+                self._call("commit", path, create, write=True)
+                return True
+            deadline = time.monotonic() + _SETTLE_SECONDS
+            try:
+                while True:
+                    existing = bytes(self._call("read", path, lambda: self.fs.cat_file(target)))
+                    if not data.startswith(existing) or existing == data:
+                        return existing == data
+                    if time.monotonic() > deadline:
+                        return False  # a record cut short, its writer gone: not a commit
+                    time.sleep(0.02)
+            except FileNotFoundError:
+                continue  # removed since (snapstore rm): try again
+        raise _vanished(self.join(path))
 
     def _makedirs(self, path: str) -> None:
         """Nothing: ``CREATE`` makes the missing parents in its own NameNode step (a request

@@ -24,6 +24,7 @@ import socket
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 import uuid
 from collections.abc import Iterator
@@ -128,9 +129,9 @@ def test_a_record_still_being_written_by_another_creator_is_theirs(
     webhdfs_server: WebHDFSServer, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # On HDFS a create of a file another client is still writing fails with
-    # AlreadyBeingCreatedException, and a read shows what is written so far (here: nothing).
+    # AlreadyBeingCreatedException, and a read shows what is written so far.
     store = webhdfs_store(webhdfs_server)
-    store.write_bytes("fp/COMMIT", b"")
+    store.write_bytes("fp/COMMIT", b'{"run": "thei')
     busy = _remote_error(_remote("AlreadyBeingCreatedException", "Failed to CREATE_FILE"))
     assert isinstance(busy, FileExistsError)
 
@@ -138,7 +139,32 @@ def test_a_record_still_being_written_by_another_creator_is_theirs(
         raise busy
 
     monkeypatch.setattr(store.fs, "pipe_file", still_being_written)
-    assert store.create_if_absent("fp/COMMIT", b"mine") is False
+    assert store.create_if_absent("fp/COMMIT", b'{"run": "mine"}') is False
+
+
+def test_a_lost_response_finds_its_own_record_while_it_is_still_written(
+    webhdfs_server: WebHDFSServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The first create's connection drops once the NameNode has the file, while the DataNode
+    # still writes it; the retry finds it empty, and waits for the rest: the record is ours.
+    store = webhdfs_store(webhdfs_server, retry=RetryPolicy(attempts=3, base=0))
+    real, local = store.fs.pipe_file, webhdfs_server.local(store._path("fp/COMMIT"))
+    workers: list[threading.Thread] = []
+
+    def lose_the_response(path: str, value: bytes, mode: str = "overwrite") -> None:
+        if workers:
+            return real(path, value, mode=mode)  # type: ignore[no-any-return]
+        workers.append(threading.Thread(target=real, args=(path, value), kwargs={"mode": mode}))
+        workers[0].start()
+        while not local.exists():
+            time.sleep(0.005)
+        raise requests.exceptions.ConnectionError("Connection reset by peer")
+
+    monkeypatch.setattr(store.fs, "pipe_file", lose_the_response)
+    with webhdfs_server.switched(under_construction=0.3):
+        assert store.create_if_absent("fp/COMMIT", b'{"run": "mine"}') is True
+        workers[0].join()
+    assert bytes(store.read_bytes("fp/COMMIT")) == b'{"run": "mine"}'
 
 
 def test_range_reads_are_one_open_each(webhdfs_server: WebHDFSServer) -> None:
