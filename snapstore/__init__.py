@@ -28,6 +28,7 @@ from .errors import (
 from .fingerprint import Fingerprint
 from .format import FORMAT_VERSION
 from .inputs import InputError, Inputs, files
+from .options import ReaderOptions
 from .prefetch import ReadStats
 from .schema import Field, Schema
 from .snapshot import Snapshot, Stage, open, snapshot
@@ -49,6 +50,7 @@ __all__ = [
     "FormatError",
     "FsspecStore",
     "ReadStats",
+    "ReaderOptions",
     "ResumeError",
     "RetryPolicy",
     "InputError",

@@ -17,7 +17,7 @@ import shutil
 import tempfile
 import weakref
 from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
-from typing import Any, TypeVar, overload
+from typing import Any, TypeVar, Unpack, overload
 
 from . import claims, pins
 from . import format as fmt
@@ -35,6 +35,7 @@ from .errors import (
 from .explain import diff_parts
 from .fingerprint import Fingerprint, fingerprint_stage
 from .importname import module_name
+from .options import ReaderOptions, ReaderSettings, reader_options
 from .parallel import PartitionJob, compute_partitions
 from .partitions import commit_partitions, remove_partition_claims
 from .plan import PlanOptions
@@ -252,21 +253,14 @@ class Snapshot:
     def batches(
         self,
         batch_size: int,
+        options: ReaderOptions | None = None,
         *,
-        shuffle: bool = False,
-        seed: int = 0,
         epoch: int = 0,
         rank: int = 0,
         world_size: int = 1,
         worker: int = 0,
         num_workers: int = 1,
-        drop_last: bool = False,
-        window_bytes: int = 32 << 20,
-        window_blocks: int | None = None,
-        prefetch_bytes: int | None = None,
-        max_requests: int | None = None,
-        decode_threads: int | None = None,
-        ragged: str = "list",
+        **settings: Unpack[ReaderSettings],
     ) -> BatchReader:
         """Batches of this consumer's share of one epoch, as dicts of numpy arrays.
 
@@ -274,50 +268,38 @@ class Snapshot:
         ----------
         batch_size : int
             Samples per batch.
-        shuffle : bool
-            Shuffle block order across all shards and samples within windows of
-            ``window_blocks`` blocks; the order is a pure function of (seed, epoch).
-        seed, epoch : int
-            Select the order; change ``epoch`` every epoch (or call ``set_epoch``).
+        options : ReaderOptions, optional
+            How to read: order, shuffle window, read-ahead, threads, batch form (see
+            :class:`snapstore.ReaderOptions` for each setting and its default).
+        epoch : int
+            Selects the order with ``options.seed``; change it every epoch (or call
+            ``set_epoch``).
         rank, world_size : int
             This process's place among the ranks of a distributed job.
         worker, num_workers : int
             This consumer's place among its rank's data-loading workers. Consumers are
             ``world_size * num_workers`` in all, and every one gets the same number of samples.
-        drop_last : bool
-            False: each consumer gets ceil(N / consumers) samples, the few missing ones repeated
-            from the start of the epoch's order, and the last batch may be short. True: each
-            gets floor(N / consumers) samples and short batches are dropped.
-        window_bytes : int
-            Shuffle window: samples are mixed across this many bytes of (decoded) blocks.
-            32 MiB keeps consecutive samples from different blocks ~98% of the time for both
-            benchmark workloads (see benchmarks/README.md).
-        window_blocks : int, optional
-            The window as a number of blocks, overriding ``window_bytes``.
-        prefetch_bytes : int, optional
-            Decoded bytes fetched ahead of the window being consumed: by default two windows
-            (at least 64 MiB) on a local store, four (at least 128 MiB) on a remote one. Reader
-            memory is about this plus one window.
-        max_requests : int, optional
-            Cap on byte-range requests in flight (the reader adapts below it); default 128 for
-            remote stores, twice the decode threads for local ones.
-        decode_threads : int, optional
-            Threads that decompress and decode blocks: default min(4, CPUs). One is enough
-            where other processes share the cores (DataLoader workers use one by default).
-        ragged : {"list", "pad", "packed"}
-            Varying-shape array fields as lists of arrays, zero-padded with their true shapes
-            in ``<name>_lengths``, or packed: every sample's values in one flat array with
-            ``<name>_offsets`` (and ``<name>_shapes`` for fields of more than one dimension).
+        **settings
+            Any field of :class:`snapstore.ReaderOptions` as a keyword (``shuffle=True,
+            seed=1``...), overriding ``options``'s: ``batches(256, shuffle=True)`` and
+            ``batches(256, ReaderOptions(shuffle=True))`` are the same reader.
 
         Returns
         -------
         BatchReader
             Iterable of batch dicts, with ``get_state()``/``set_state()`` for resuming
             mid-epoch, ``set_epoch()`` and ``stats()``.
+
+        Raises
+        ------
+        TypeError, ValueError
+            On a bad setting, as :class:`snapstore.ReaderOptions` raises them.
         """
+        read = reader_options(options, dict(settings))
         reader = self._open(pin_later=True)
-        blocks = window_blocks if window_blocks is not None else reader.window_blocks(window_bytes)
-        options = PlanOptions(shuffle=shuffle, seed=seed, window_blocks=blocks, drop_last=drop_last)
+        blocks = read.window_blocks or reader.window_blocks(read.window_bytes)
+        plan = PlanOptions(bool(read.shuffle), read.seed, blocks, read.drop_last)
+        prefetch_bytes = read.prefetch_bytes
         if prefetch_bytes is None:
             # Enough to read ahead across a window boundary; a remote store needs more in flight
             # (bandwidth x latency), so it gets twice as much.
@@ -327,16 +309,16 @@ class Snapshot:
         batches = BatchReader(
             reader,
             batch_size,
-            options=options,
+            options=plan,
             epoch=epoch,
             rank=rank,
             world_size=world_size,
             worker=worker,
             num_workers=num_workers,
             prefetch_bytes=prefetch_bytes,
-            max_requests=max_requests,
-            decode_threads=decode_threads,
-            ragged=ragged,
+            max_requests=read.max_requests,
+            decode_threads=read.decode_threads,
+            ragged=read.ragged,
         )
         self._batch_readers.add(batches)
         return batches
