@@ -35,6 +35,7 @@ except ImportError as exc:  # pragma: no cover - depends on the environment
 
 from .batches import BatchReader
 from .errors import ResumeError, SchemaError
+from .options import ReaderOptions, reader_options
 from .schema import Field, Schema
 from .snapshot import Snapshot
 
@@ -245,17 +246,20 @@ class TFReader:
         The snapshot to read (materialized here if it is not yet).
     batch_size : int, optional
         Samples per batch; None yields one element per sample.
-    shuffle, seed, drop_last
-        As for :meth:`snapstore.Snapshot.batches`; ``shuffle`` defaults to True here.
+    options : ReaderOptions, optional
+        How to read (:class:`snapstore.ReaderOptions`); ``shuffle`` defaults to True here.
     rank, world_size : int, optional
         This input pipeline's place among all of them, both or neither (default 0 of 1). Under
         ``tf.distribute`` pass ``input_context.input_pipeline_id`` and
         ``input_context.num_input_pipelines``.
     ragged : {"ragged", "pad"}
         Batched varying-shape fields as ``tf.RaggedTensor`` or padded (see :func:`element_spec`).
-    **batches_options
-        Further arguments of :meth:`snapstore.Snapshot.batches` (``window_bytes``,
-        ``prefetch_bytes``, ``max_requests``...).
+        Default: ``"pad"`` if ``options.ragged`` is ``"pad"``, else ``"ragged"``
+        (``options.ragged="packed"`` is refused: tf.data gets ragged tensors instead).
+    **settings
+        Any field of :class:`snapstore.ReaderOptions` as a keyword (``shuffle``, ``seed``,
+        ``drop_last``, ``window_bytes``, ``prefetch_bytes``, ``max_requests``...), overriding
+        ``options``'s.
 
     Attributes
     ----------
@@ -291,13 +295,11 @@ class TFReader:
         snapshot: Snapshot,
         *,
         batch_size: int | None = None,
-        shuffle: bool = True,
-        seed: int = 0,
-        drop_last: bool = False,
+        options: ReaderOptions | None = None,
         rank: int | None = None,
         world_size: int | None = None,
-        ragged: RaggedForm = "ragged",
-        **batches_options: Any,
+        ragged: RaggedForm | None = None,
+        **settings: Any,
     ) -> None:
         if not isinstance(snapshot, Snapshot):
             raise TypeError(f"expected a Snapshot, found {type(snapshot).__name__}")
@@ -308,6 +310,15 @@ class TFReader:
             )
         if batch_size is not None and (isinstance(batch_size, bool) or batch_size < 1):
             raise ValueError(f"batch_size must be a positive integer or None, got {batch_size!r}")
+        read = reader_options(options, settings)
+        if ragged is None:
+            if read.ragged == "packed":
+                raise ValueError(
+                    "ragged: TFReader gives varying-shape fields as tf.RaggedTensor or padded, "
+                    "found options.ragged='packed'; pass ragged='ragged' or ragged='pad'"
+                )
+            ragged = "pad" if read.ragged == "pad" else "ragged"
+        drop_last = read.drop_last
         self.snapshot = snapshot.materialize()
         self.batch_size = batch_size
         self.element_spec = element_spec(
@@ -316,10 +327,10 @@ class TFReader:
         batched = batch_size is not None
         # Per sample, batches of _SAMPLE_CHUNK are read and unbatched by tf.data.
         read_size = batch_size if batch_size is not None else _SAMPLE_CHUNK
-        self._options: dict[str, Any] = dict(batches_options)
-        self._options |= {"batch_size": read_size, "shuffle": shuffle, "seed": seed}
-        self._options |= {"drop_last": drop_last, "ragged": "pad" if ragged == "pad" else "list"}
-        self._options |= {"rank": rank or 0, "world_size": world_size or 1}
+        self._read_size = read_size
+        shuffle = True if read.shuffle is None else read.shuffle
+        self._options = read.replace(shuffle=shuffle, ragged="pad" if ragged == "pad" else "list")
+        self._place = (rank or 0, world_size or 1)
         schema = self.snapshot.schema
         self._varying = (
             []
@@ -338,10 +349,11 @@ class TFReader:
     def _reader(
         self, epoch: int, state: dict[str, int] | None, batch_size: int | None = None
     ) -> BatchReader:
-        options = dict(self._options)
-        if batch_size is not None:
-            options["batch_size"] = batch_size
-        reader = self.snapshot.batches(epoch=epoch, **options)
+        size = self._read_size if batch_size is None else batch_size
+        rank, world_size = self._place
+        reader = self.snapshot.batches(
+            size, self._options, epoch=epoch, rank=rank, world_size=world_size
+        )
         if state is not None:
             reader.set_state(dict(state))
         return reader
@@ -352,7 +364,7 @@ class TFReader:
             yield from map(self._encode, reader)
             after = reader.get_state()
             left = reader.plan.num_samples - after["position"]
-        if self.batch_size is None and left > 0 and self._options["drop_last"]:
+        if self.batch_size is None and left > 0 and self._options.drop_last:
             # The reader dropped its short read batch; per sample, those samples belong in.
             with self._reader(epoch, after, batch_size=left) as tail:
                 yield from map(self._encode, tail)
@@ -401,7 +413,7 @@ class TFReader:
         left = self._reader(epoch, None).plan.num_samples - position
         if self.batch_size is None:
             return left
-        if self._options["drop_last"]:
+        if self._options.drop_last:
             return left // self.batch_size
         return math.ceil(left / self.batch_size)
 
@@ -502,8 +514,8 @@ def to_dataset(
     state : dict, optional
         Resume after this reader state (see :meth:`TFReader.state_after`).
     **options
-        ``shuffle`` (default True), ``seed``, ``drop_last``, ``rank``, ``world_size``,
-        ``ragged`` and the further arguments of :meth:`snapstore.Snapshot.batches`, as for
+        ``options``, ``rank``, ``world_size``, ``ragged`` and any field of
+        :class:`snapstore.ReaderOptions` as a keyword (``shuffle`` defaults to True), as for
         :class:`TFReader`.
 
     Returns

@@ -37,6 +37,7 @@ from .batches import BatchReader
 from .engines import usable_cores
 from .errors import ResumeError
 from .handle import SnapshotHandle
+from .options import ReaderOptions, reader_options
 from .snapshot import Snapshot
 from .torch_ragged import (
     RaggedList,
@@ -155,8 +156,8 @@ class SnapshotIterableDataset(IterableDataset[dict[str, Any]]):
         Where to find a fingerprint; as for :func:`snapstore.open`.
     batch_size : int
         Samples per batch.
-    shuffle, seed, drop_last
-        As for :meth:`snapstore.Snapshot.batches`.
+    options : ReaderOptions, optional
+        How to read (:class:`snapstore.ReaderOptions`); ``shuffle`` defaults to True here.
     rank, world_size : int, optional
         This process's place among the ranks. By default ``torch.distributed``'s when it is
         initialized, otherwise 0 of 1.
@@ -167,13 +168,15 @@ class SnapshotIterableDataset(IterableDataset[dict[str, Any]]):
         the values in one flat tensor with ``<name>_offsets`` (and ``<name>_shapes`` for fields
         of more than one dimension), as :meth:`snapstore.Snapshot.batches` gives them.
         ``"pad"``: zero-padded, with ``<name>_lengths``. Every form crosses from DataLoader
-        workers as one buffer per field, not one per sample.
-    **batches_options
-        Further arguments of :meth:`snapstore.Snapshot.batches` (``window_bytes``,
-        ``prefetch_bytes``, ``decode_threads``...). The reader memory bound applies
-        per worker. Inside DataLoader workers ``decode_threads`` defaults to the worker's share
-        of the CPUs (at least 1, at most 4), so decoding does not steal the cores the workers'
-        transforms run on.
+        workers as one buffer per field, not one per sample. Default: ``options.ragged``
+        (``"list"`` unless set).
+    **settings
+        Any field of :class:`snapstore.ReaderOptions` as a keyword (``shuffle``, ``seed``,
+        ``drop_last``, ``window_bytes``, ``prefetch_bytes``, ``decode_threads``...),
+        overriding ``options``'s. The reader memory bound applies per worker. Inside
+        DataLoader workers ``decode_threads`` defaults to the worker's share of the CPUs (at
+        least 1, at most 4), so decoding does not steal the cores the workers' transforms run
+        on.
 
     Notes
     -----
@@ -204,21 +207,21 @@ class SnapshotIterableDataset(IterableDataset[dict[str, Any]]):
         root: Any = None,
         *,
         batch_size: int,
-        shuffle: bool = True,
-        seed: int = 0,
-        drop_last: bool = False,
+        options: ReaderOptions | None = None,
         rank: int | None = None,
         world_size: int | None = None,
-        ragged: TorchRaggedForm = "list",
-        **batches_options: Any,
+        ragged: TorchRaggedForm | None = None,
+        **settings: Any,
     ) -> None:
+        read = reader_options(options, settings)
         self._location = SnapshotHandle.of(snapshot_or_fingerprint, root, "DataLoader workers")
         self.rank, self.world_size = _place(rank, world_size)
         self.epoch = 0
-        self.ragged = ragged
-        self._options: dict[str, Any] = dict(batches_options, ragged=reader_form(ragged))
-        self._options |= {"batch_size": batch_size, "shuffle": shuffle, "seed": seed}
-        self._options |= {"drop_last": drop_last}
+        form: Any = read.ragged if ragged is None else ragged  # the reader's forms are torch's
+        self.ragged: TorchRaggedForm = form
+        shuffle = True if read.shuffle is None else read.shuffle
+        self._options = read.replace(shuffle=shuffle, ragged=reader_form(form))
+        self._batch_size = batch_size
         self._reader: BatchReader | None = None
         self._reader_pid = os.getpid()
         self._pending: dict[str, int] | None = None
@@ -240,18 +243,19 @@ class SnapshotIterableDataset(IterableDataset[dict[str, Any]]):
 
     def _make_reader(self, epoch: int, worker: int, num_workers: int) -> BatchReader:
         snap = self._location.open()
-        options = dict(self._options)
-        if get_worker_info() is not None and options.get("decode_threads") is None:
+        options = self._options
+        if get_worker_info() is not None and options.decode_threads is None:
             # The workers share the cores with each other and with the training process:
             # decode threads beyond a worker's share of them only steal time from its transform.
-            options["decode_threads"] = max(1, min(4, usable_cores() // num_workers))
+            options = options.replace(decode_threads=max(1, min(4, usable_cores() // num_workers)))
         return snap.batches(
+            self._batch_size,
+            options,
             epoch=epoch,
             rank=self.rank,
             world_size=self.world_size,
             worker=worker,
             num_workers=num_workers,
-            **options,
         )
 
     def __iter__(self) -> Iterator[dict[str, Any]]:
