@@ -36,6 +36,7 @@ Examples
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import operator
 from collections.abc import Sequence
@@ -45,6 +46,7 @@ import numpy as np
 
 from .columns import RowCopy, gather, nest_batch
 from .handle import SnapshotHandle
+from .options import ReaderOptions, reader_options
 from .ragged import RaggedRows, check_form, emit
 from .reader import SnapshotReader
 from .snapshot import Snapshot
@@ -68,16 +70,29 @@ class SnapshotSource:
         under ``root``.
     root : str, PathLike or Store, optional
         Where to find a fingerprint; as for :func:`snapstore.open`.
+    options : ReaderOptions, optional
+        Only ``ragged`` applies here: the default form of :meth:`read_batch`. Grain's sampler
+        decides order and sharding, and samples are read one block at a time, so the other
+        settings are refused unless left at their defaults.
 
     Raises
     ------
     TypeError
         If the snapshot's store is neither a LocalStore nor an FsspecStore.
+    ValueError
+        If ``options`` sets anything but ``ragged``.
     SnapshotNotFoundError
         If no committed snapshot matches the fingerprint.
     """
 
-    def __init__(self, snapshot_or_fingerprint: Snapshot | str, root: Any = None) -> None:
+    def __init__(
+        self,
+        snapshot_or_fingerprint: Snapshot | str,
+        root: Any = None,
+        *,
+        options: ReaderOptions | None = None,
+    ) -> None:
+        self.ragged = _ragged_only(reader_options(options, {}))
         # Reopened in each worker process, whether it was spawned or forked.
         self._handle = SnapshotHandle.of(snapshot_or_fingerprint, root, "Grain worker processes")
         snap = self._handle.open()
@@ -136,7 +151,7 @@ class SnapshotSource:
     _getitems = __getitems__
 
     def read_batch(
-        self, indices: Sequence[int] | np.ndarray[Any, Any], ragged: str = "list"
+        self, indices: Sequence[int] | np.ndarray[Any, Any], ragged: str | None = None
     ) -> dict[str, Any]:
         """Samples ``indices`` stacked field by field, decoding each block they need once.
 
@@ -151,7 +166,7 @@ class SnapshotSource:
             batch leaves a Grain worker process, use ``"packed"`` or ``"pad"``: Grain copies
             every array of an element into a shared-memory segment of its own, so a list of
             256 arrays costs 256 segments (measured 9x slower); a list read in a Grain worker
-            logs one warning.
+            logs one warning. Default: the ``ragged`` of the source's options (``"list"``).
 
         Returns
         -------
@@ -167,6 +182,7 @@ class SnapshotSource:
         ValueError
             If ``ragged`` is unknown or would add a field the snapshot already has.
         """
+        ragged = self.ragged if ragged is None else ragged
         reader = self._reader()
         check_form(reader.schema.flat(), ragged)
         reader, decoded, which, rows = self._blocks(indices)
@@ -181,6 +197,23 @@ class SnapshotSource:
             else:
                 batch[field.name] = value.materialize() if isinstance(value, RowCopy) else value
         return nest_batch(reader.schema, batch, ragged)
+
+
+def _ragged_only(options: ReaderOptions) -> str:
+    """The ``ragged`` form of ``options``; ValueError if it sets anything else."""
+    default = ReaderOptions(ragged=options.ragged)
+    found = [
+        f"{f.name}={getattr(options, f.name)!r}"
+        for f in dataclasses.fields(options)
+        if getattr(options, f.name) != getattr(default, f.name)
+    ]
+    if found:
+        raise ValueError(
+            "SnapshotSource: of ReaderOptions only ragged applies (Grain's sampler decides "
+            f"order and sharding, and reads go one block at a time); found {', '.join(found)}. "
+            "Pass shuffle and seed to grain.python.IndexSampler and leave the rest unset."
+        )
+    return options.ragged
 
 
 _warned = False

@@ -126,3 +126,44 @@ def test_batches_refuses_a_bad_options_argument(snap) -> None:
         snap.batches(32, shufle=True)  # type: ignore[call-arg]
     with pytest.raises(ValueError, match="window_bytes must be a positive number of bytes"):
         snap.batches(32, ReaderOptions(), window_bytes=0)
+
+
+def test_torch_dataset_takes_options(snap) -> None:
+    torch_mod = pytest.importorskip("snapstore.torch")
+    options = ReaderOptions(seed=5, window_blocks=2, ragged="pad")
+    by_options = torch_mod.SnapshotIterableDataset(snap, batch_size=32, options=options)
+    by_keywords = torch_mod.SnapshotIterableDataset(
+        snap, batch_size=32, seed=5, window_blocks=2, ragged="pad"
+    )
+    assert by_options.ragged == "pad" and by_options._options.shuffle is True  # its default
+    for a, b in zip(by_options, by_keywords, strict=True):
+        assert a.keys() == b.keys()
+        for key in a:
+            assert bool((a[key] == b[key]).all())
+    overridden = torch_mod.SnapshotIterableDataset(snap, batch_size=32, options=options, seed=6)
+    assert overridden._options == options.replace(seed=6, shuffle=True)
+    with pytest.raises(ValueError, match="decode_threads: expected an int >= 1, found 0"):
+        torch_mod.SnapshotIterableDataset(snap, batch_size=32, options=options, decode_threads=0)
+
+
+def test_tf_reader_takes_options(snap) -> None:
+    tf_mod = pytest.importorskip("snapstore.tensorflow")
+    options = ReaderOptions(seed=5, window_blocks=2, ragged="pad")
+    by_options = tf_mod.TFReader(snap, batch_size=32, options=options)
+    by_keywords = tf_mod.TFReader(snap, batch_size=32, seed=5, window_blocks=2, ragged="pad")
+    assert by_options.element_spec == by_keywords.element_spec
+    for a, b in zip(by_options.dataset(epoch=1), by_keywords.dataset(epoch=1), strict=True):
+        for key in a:
+            np.testing.assert_array_equal(a[key].numpy(), b[key].numpy())
+    assert tf_mod.TFReader(snap, options=ReaderOptions())._options.shuffle is True
+    with pytest.raises(ValueError, match=r"found options\.ragged='packed'"):
+        tf_mod.TFReader(snap, batch_size=32, options=ReaderOptions(ragged="packed"))
+
+
+def test_grain_source_takes_the_ragged_option(snap) -> None:
+    grain_mod = pytest.importorskip("snapstore.grain")
+    source = grain_mod.SnapshotSource(snap, options=ReaderOptions(ragged="packed"))
+    assert "tok_offsets" in source.read_batch([0, 3, 4])
+    assert "tok_offsets" not in source.read_batch([0, 3, 4], ragged="list")
+    with pytest.raises(ValueError, match=r"only ragged applies.*found shuffle=True, seed=2"):
+        grain_mod.SnapshotSource(snap, options=ReaderOptions(shuffle=True, seed=2))
