@@ -168,8 +168,9 @@ def head_command(
 _NUMBER = r"\s*([0-9]*\.?[0-9]+(?:[eE][-+]?[0-9]+)?)\s*"
 if TYPE_CHECKING:
     _FloatParam = click.ParamType[float]
+    _IntParam = click.ParamType[int]
 else:  # click < 8.3's ParamType is not generic at run time
-    _FloatParam = click.ParamType
+    _FloatParam = _IntParam = click.ParamType
 _SECONDS = {"": 1.0, "s": 1.0, "ms": 1e-3, "us": 1e-6, "µs": 1e-6}
 _BYTES = {"": 1.0, "b": 1.0, "kb": 1e3, "mb": 1e6, "gb": 1e9}
 _BYTES |= {"kib": 2.0**10, "mib": 2.0**20, "gib": 2.0**30}
@@ -218,11 +219,34 @@ class Rate(_FloatParam):
         return rate
 
 
+class Size(_IntParam):
+    """Bytes from ``32MiB``, ``64MB``, ``1GiB`` or a plain number (``33554432``), at least 1."""
+
+    name = "size"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> int:
+        if isinstance(value, int):
+            return value
+        match = re.fullmatch(_NUMBER + r"([kmg]i?b|b)?\s*", str(value), re.IGNORECASE)
+        size = float(match[1]) * _BYTES[(match[2] or "").lower()] if match else 0.0
+        if not (1 <= size < math.inf):
+            self.fail(
+                f"expected a size >= 1 byte such as 32MiB, 64MB or 33554432, found {value!r}",
+                param,
+                ctx,
+            )
+        return int(size)
+
+
 def _read_epochs(
-    snap: snapstore.Snapshot, epochs: int, **batches: Any
+    snap: snapstore.Snapshot,
+    epochs: int,
+    batch_size: int,
+    options: snapstore.ReaderOptions,
+    workers: int,
 ) -> tuple[list[ReadStats], float, float]:
     """Read ``epochs`` epochs; the stats of each, the seconds to the first batch, in all."""
-    reader = snap.batches(**batches)
+    reader = snap.batches(batch_size, options, num_workers=workers)
     per_epoch: list[ReadStats] = []
     first: float | None = None
     start = time.perf_counter()
@@ -333,6 +357,28 @@ def _format_bench(data: dict[str, Any]) -> str:
     default=None,
     help="Limit each request to this rate (e.g. 200MB/s), as a bucket would.",
 )
+@click.option("--seed", type=int, default=None, help="Shuffle seed (default 0).")
+@click.option(
+    "--window-bytes", type=Size(), default=None, help="Shuffle window, e.g. 32MiB (the default)."
+)
+@click.option(
+    "--prefetch-bytes",
+    type=Size(),
+    default=None,
+    help="Decoded bytes read ahead, e.g. 256MiB (default: the reader's, see ReaderOptions).",
+)
+@click.option(
+    "--max-requests",
+    type=click.IntRange(min=1),
+    default=None,
+    help="Cap on requests in flight (default: the reader's).",
+)
+@click.option(
+    "--decode-threads",
+    type=click.IntRange(min=1),
+    default=None,
+    help="Decoding threads (default: min(4, CPUs)).",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print JSON instead of text.")
 @click.pass_obj
 def bench_command(
@@ -344,9 +390,22 @@ def bench_command(
     workers: int,
     simulate_ttfb: float | None,
     simulate_bandwidth: float | None,
+    seed: int | None,
+    window_bytes: int | None,
+    prefetch_bytes: int | None,
+    max_requests: int | None,
+    decode_threads: int | None,
     as_json: bool,
 ) -> None:
     """Read a snapshot as training would and report throughput, stalls and requests."""
+    chosen: dict[str, Any] = {
+        "seed": seed,
+        "window_bytes": window_bytes,
+        "prefetch_bytes": prefetch_bytes,
+    }
+    chosen |= {"max_requests": max_requests, "decode_threads": decode_threads}
+    chosen = {name: value for name, value in chosen.items() if value is not None}
+    options = snapstore.ReaderOptions(shuffle=shuffle, **chosen)
     full = resolve_fingerprint(obj.store, fingerprint)
     simulated: dict[str, Any] | None = None
     store: Store = obj.store
@@ -354,11 +413,9 @@ def bench_command(
         simulated = {"ttfb": simulate_ttfb or 0.0, "bandwidth": simulate_bandwidth}
         store = simulated_store(obj.store, ttfb=simulated["ttfb"], bandwidth=simulate_bandwidth)
     with snapstore.open(full, root=store) as snap:
-        per_epoch, first, wall = _read_epochs(
-            snap, epochs, batch_size=batch_size, shuffle=shuffle, num_workers=workers
-        )
-    settings = {"batch_size": batch_size, "shuffle": shuffle, "epochs": epochs}
-    settings |= {"workers": workers, "worker": 0}
+        per_epoch, first, wall = _read_epochs(snap, epochs, batch_size, options, workers)
+    settings: dict[str, Any] = {"batch_size": batch_size, "shuffle": shuffle, "epochs": epochs}
+    settings |= {"workers": workers, "worker": 0} | chosen
     data = {
         "fingerprint": full,
         "root": obj.store.url,

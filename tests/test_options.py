@@ -167,3 +167,38 @@ def test_grain_source_takes_the_ragged_option(snap) -> None:
     assert "tok_offsets" not in source.read_batch([0, 3, 4], ragged="list")
     with pytest.raises(ValueError, match=r"only ragged applies.*found shuffle=True, seed=2"):
         grain_mod.SnapshotSource(snap, options=ReaderOptions(shuffle=True, seed=2))
+
+
+def test_bench_passes_reader_settings(snap, monkeypatch) -> None:
+    import json
+
+    from click.testing import CliRunner
+
+    from snapstore.cli.main import main
+
+    seen: list[ReaderOptions | None] = []
+    batches = snapstore.Snapshot.batches
+
+    def spy(self, batch_size, options=None, **kw):
+        seen.append(options)
+        return batches(self, batch_size, options, **kw)
+
+    monkeypatch.setattr(snapstore.Snapshot, "batches", spy)
+    args = ["--root", snap.store.url, "bench", snap.fingerprint, "--json", "--seed", "3"]
+    args += ["--window-bytes", "1KiB", "--prefetch-bytes", "1MB", "--decode-threads", "1"]
+    result = CliRunner().invoke(main, [*args, "--max-requests", "2"], catch_exceptions=False)
+    assert result.exit_code == 0, result.output
+    assert seen == [
+        ReaderOptions(
+            shuffle=True,
+            seed=3,
+            window_bytes=1024,
+            prefetch_bytes=10**6,
+            max_requests=2,
+            decode_threads=1,
+        )
+    ]
+    settings = json.loads(result.output)["settings"]
+    assert settings["window_bytes"] == 1024 and settings["max_requests"] == 2
+    bad = CliRunner().invoke(main, [*args[:4], "--window-bytes", "0"])
+    assert bad.exit_code == 2 and "expected a size >= 1 byte" in bad.output
