@@ -8,7 +8,7 @@ from typing import Any
 
 import click
 
-from snapstore.roots import root_missing
+from snapstore.listing import root_missing
 from snapstore.store import Store, default_root, open_store
 
 __all__ = [

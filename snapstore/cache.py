@@ -95,7 +95,7 @@ def block_key(url: str, path: str, offset: int, length: int) -> str:
     return hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()
 
 
-def _user_cache_base() -> Path:
+def user_cache_base() -> Path:
     # The same base directory as snapstore.store.default_root without $SNAPSTORE_ROOT.
     if sys.platform == "darwin":
         return Path.home() / "Library" / "Caches"
@@ -110,7 +110,7 @@ def default_cache_dir() -> str:
     env = os.environ.get("SNAPSTORE_CACHE_DIR")
     if env:
         return env
-    return str(_user_cache_base() / "snapstore-blocks")
+    return str(user_cache_base() / "snapstore-blocks")
 
 
 @dataclass(frozen=True)

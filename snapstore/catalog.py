@@ -14,11 +14,10 @@ from .claims import inspect_claim
 from .errors import AmbiguousFingerprintError, BusyError, FormatError, SnapshotNotFoundError
 from .explain import diff_parts
 from .fingerprint import Fingerprint
-from .listing import ListedStore, fingerprint_trees, map_concurrently
+from .listing import ListedStore, fingerprint_trees, map_concurrently, root_missing
 from .partitions import PARTS_DIR
 from .pins import last_read, list_pins, live_pins
 from .reader import load_manifest
-from .roots import root_missing
 from .store import Store
 
 __all__ = [

@@ -16,9 +16,10 @@ import numpy as np
 from . import scalars
 from .arraylike import convert_sample
 from .errors import SchemaError
-from .inference import _describe_value, check_keys, field_of
+from .fields import DECLARE_HINT, Field
+from .inference import check_keys, describe_value, field_of
 from .lists import fits_exactly, list_check
-from .schema import _DECLARE_HINT, Field, Schema
+from .schema import Schema
 
 __all__ = ["check_sample", "fast_check", "sample_checker"]
 
@@ -180,7 +181,7 @@ def _check_value(field: Field, value: Any, index: int, label: str) -> None:
             )
         raise SchemaError(
             f"field {label!r}: sample {index} holds {_describe_found(found, value, field)} but the "
-            f"schema says {field.describe()}.{hint} Make the type consistent, or {_DECLARE_HINT}"
+            f"schema says {field.describe()}.{hint} Make the type consistent, or {DECLARE_HINT}"
         )
     if field.kind != "array" or found.from_list or found.kind != "array":
         return
@@ -190,13 +191,13 @@ def _check_value(field: Field, value: Any, index: int, label: str) -> None:
             f"field {label!r}: sample {index} has rank {len(found.shape)} (shape "
             f"{found.shape}) but the schema says rank {len(field.shape)} "
             f"({field.describe()}). "
-            f"Arrays of a field must keep their rank; {_DECLARE_HINT}"
+            f"Arrays of a field must keep their rank; {DECLARE_HINT}"
         )
     if any(d is not None and d != e for d, e in zip(field.shape, found.shape)):
         raise SchemaError(
             f"field {label!r}: sample {index} has shape {found.shape} but the schema says "
             f"{field.describe()} (inferred from the first block's samples). If this "
-            f"field's shape varies, declare it: {_DECLARE_HINT} "
+            f"field's shape varies, declare it: {DECLARE_HINT} "
             "Use None for varying dimensions."
         )
 
@@ -208,7 +209,7 @@ def _describe_found(found: Field, value: Any, field: Field) -> str:
         return found.describe()
     if scalars.family(found) is not None:  # the value: a range or precision is what failed
         return f"{value!r}" if isinstance(value, np.generic) else f"{found.describe()} {value!r}"
-    return _describe_value(value)
+    return describe_value(value)
 
 
 def _fits(field: Field, found: Field, value: Any) -> bool:
@@ -231,8 +232,8 @@ def _fits(field: Field, found: Field, value: Any) -> bool:
 def _check_struct(field: Field, value: Any, index: int, label: str) -> None:
     if not isinstance(value, Mapping):
         raise SchemaError(
-            f"field {label!r}: sample {index} holds {_describe_value(value)} but the schema "
-            f"says a nested dict {field.describe()}. Make the type consistent, or {_DECLARE_HINT}"
+            f"field {label!r}: sample {index} holds {describe_value(value)} but the schema "
+            f"says a nested dict {field.describe()}. Make the type consistent, or {DECLARE_HINT}"
         )
     names = [f.name for f in field.fields]
     if len(value) != len(names) or not all(name in value for name in names):

@@ -80,7 +80,7 @@ from .errors import FingerprintError
 from .importname import module_name, spellings
 
 if TYPE_CHECKING:
-    from .fingerprint import _Hasher
+    from .fingerprint import Hasher
 
 __all__ = ["CodeWalk"]
 
@@ -113,11 +113,11 @@ _GENERATED = frozenset(
      "__setattr__", "__delattr__", "__getstate__", "__setstate__", "__replace__", "__new__"}
 )  # fmt: skip
 _DATACLASS_OPTIONS = ("init", "repr", "eq", "order", "unsafe_hash", "frozen")
-_BUILTIN_CALLABLES = (
+BUILTIN_CALLABLES = (
     types.BuiltinFunctionType, types.MethodDescriptorType, types.WrapperDescriptorType,
     types.MethodWrapperType, types.ClassMethodDescriptorType, np.ufunc,
 )  # fmt: skip
-_CODE_TYPES = (functools.partial, types.MethodType, types.FunctionType, *_BUILTIN_CALLABLES)
+_CODE_TYPES = (functools.partial, types.MethodType, types.FunctionType, *BUILTIN_CALLABLES)
 _PYTHON = f"{sys.version_info.major}.{sys.version_info.minor}"
 _NO_SOURCE = (
     "no source for %s (defined in an interactive session or by exec): it is fingerprinted by "
@@ -130,11 +130,11 @@ _MISSING = object()
 Buffer = bytes | bytearray | memoryview
 
 
-class _Sink(Protocol):
+class Sink(Protocol):
     def update(self, data: Buffer, /) -> None: ...
 
 
-class _Unhashable(Exception):
+class Unhashable(Exception):
     """Internal: the reason, path segments, and where code read it (``context``, ``hint``)."""
 
     def __init__(self, found: str, reason: str) -> None:
@@ -145,13 +145,13 @@ class _Unhashable(Exception):
         self.hint: str | None = None
 
 
-def _frame(h: _Sink, tag: bytes, payload: Buffer = b"") -> None:
+def feed_item(h: Sink, tag: bytes, payload: Buffer = b"") -> None:
     """Feed one self-delimiting item: tag length, tag, payload length, payload."""
     h.update(len(tag).to_bytes(1, "big") + tag + len(payload).to_bytes(8, "big"))
     h.update(payload)
 
 
-def _qualname(obj: Any) -> str:
+def qualname_of(obj: Any) -> str:
     """``module.qualname`` of a class or function (``builtins.`` left out)."""
     module = getattr(obj, "__module__", None) or getattr(
         getattr(obj, "__objclass__", None), "__module__", None
@@ -170,32 +170,32 @@ def _function_key(fn: types.FunctionType) -> str:
     return f"{module_name(module, fn.__globals__)}.{name}" if isinstance(module, str) else name
 
 
-def _is_code(value: Any) -> bool:
+def is_code(value: Any) -> bool:
     return isinstance(value, _CODE_TYPES) or callable(getattr(value, "__wrapped__", None))
 
 
-def _callable_name(fn: Any) -> str:
+def callable_name(fn: Any) -> str:
     """The name details and messages use for a stage, key function or partial."""
     if isinstance(fn, functools.partial):
-        return _callable_name(fn.func)
-    if _is_code(fn) or isinstance(fn, type):
-        return _qualname(fn)
-    return _qualname(type(fn))
+        return callable_name(fn.func)
+    if is_code(fn) or isinstance(fn, type):
+        return qualname_of(fn)
+    return qualname_of(type(fn))
 
 
-def _is_callable_object(value: Any) -> bool:
+def is_callable_object(value: Any) -> bool:
     return callable(value) and isinstance(type(value).__call__, types.FunctionType)
 
 
-def _underlying_function(fn: Any) -> Any:
+def underlying_function(fn: Any) -> Any:
     """The Python function whose parameters a call of ``fn`` binds (its defaults are arguments)."""
     if isinstance(fn, functools.partial):
-        return _underlying_function(fn.func)
+        return underlying_function(fn.func)
     if isinstance(fn, types.MethodType):
         return fn.__func__
     if isinstance(fn, types.FunctionType):
         return fn
-    if _is_callable_object(fn):
+    if is_callable_object(fn):
         return type(fn).__call__
     return None
 
@@ -237,7 +237,7 @@ def _classify(module: str | None, file: str | None, python_code: bool) -> str | 
     return None if python_code else top  # a Python function without a file is hashed: safe
 
 
-def _package_of(obj: Any) -> str | None:
+def package_of(obj: Any) -> str | None:
     """Where ``obj`` (function, class, module, builtin) comes from: None for user code."""
     if isinstance(obj, types.ModuleType):
         file = getattr(obj, "__file__", None) or next(iter(getattr(obj, "__path__", [])), None)
@@ -253,11 +253,11 @@ def _package_of(obj: Any) -> str | None:
         return None
     home = sys.modules.get(module)
     if isinstance(obj, type) and home is not None and vars(home).get(obj.__name__) is obj:
-        return _package_of(home)
+        return package_of(home)
     if isinstance(obj, type):  # local, or its module is not imported: a method's globals tell
         for value in vars(obj).values():
             if isinstance(value, types.FunctionType) and value.__module__ == module:
-                return _package_of(value)
+                return package_of(value)
     file = getattr(sys.modules.get(module), "__file__", None)
     return _classify(module, file, python_code=isinstance(obj, type))
 
@@ -362,11 +362,11 @@ def _const_bytes(const: Any) -> bytes:
 def _bytecode_identity(code: types.CodeType) -> bytes:
     """Digest of bytecode, names and constants; specific to the Python version."""
     h = hashlib.sha256()
-    _frame(h, b"co_code", code.co_code)
+    feed_item(h, b"co_code", code.co_code)
     for name in ("co_names", "co_varnames", "co_freevars", "co_cellvars"):
-        _frame(h, name.encode(), "\0".join(getattr(code, name)).encode())
+        feed_item(h, name.encode(), "\0".join(getattr(code, name)).encode())
     for const in code.co_consts:
-        _frame(h, b"const", _const_bytes(const))
+        feed_item(h, b"const", _const_bytes(const))
     return h.digest()
 
 
@@ -475,7 +475,7 @@ class CodeWalk:
         self.ignore = frozenset(ignore_globals)
         self.functions: dict[str, str] = {}
         self.packages: dict[str, str] = {}
-        self.encoder: _Hasher | None = None  # the value hasher, which sets itself here
+        self.encoder: Hasher | None = None  # the value hasher, which sets itself here
         self._skip_defaults = skip_defaults
         self._keys: dict[int, str] = {}
         self._objects: list[Any] = []  # keeps each keyed object alive so no id() is reused
@@ -488,11 +488,11 @@ class CodeWalk:
 
     def reference(self, obj: Any) -> tuple[bytes, str]:
         """``(b"ref", key)`` for user code (visited in turn), ``(b"ext", name)`` otherwise."""
-        top = _package_of(obj)
+        top = package_of(obj)
         if top is None:
             return b"ref", self._ref(obj)
         self.note_package(top)
-        return b"ext", _qualname(obj)
+        return b"ext", qualname_of(obj)
 
     def note_package(self, top: str | None) -> None:
         """Record the distribution and version of a library's top-level import name."""
@@ -514,13 +514,13 @@ class CodeWalk:
     def digest(self, root: bytes, *, packages: bool = True) -> str:
         """The code part: the stage's own identity, every function's and every package's."""
         h = hashlib.sha256()
-        _frame(h, b"snapstore-code", root)
+        feed_item(h, b"snapstore-code", root)
         for key in sorted(self.functions):
-            _frame(h, b"function", key.encode())
-            _frame(h, b"digest", self.functions[key].encode())
+            feed_item(h, b"function", key.encode())
+            feed_item(h, b"digest", self.functions[key].encode())
         for dist in sorted(self.packages) if packages else ():
-            _frame(h, b"package", dist.encode())
-            _frame(h, b"version", self.packages[dist].encode())
+            feed_item(h, b"package", dist.encode())
+            feed_item(h, b"version", self.packages[dist].encode())
         return h.hexdigest()
 
     def details(self) -> dict[str, Any]:
@@ -536,7 +536,7 @@ class CodeWalk:
             return key
         parent = self._current
         depth = parent.depth + 1 if parent else 0
-        base = _function_key(obj) if isinstance(obj, types.FunctionType) else _qualname(obj)
+        base = _function_key(obj) if isinstance(obj, types.FunctionType) else qualname_of(obj)
         key, n = base, 2
         while key in self._items:
             key, n = f"{base}#{n}", n + 1
@@ -577,25 +577,25 @@ class CodeWalk:
         self._in_class = False
         self.functions[item.key] = h.hexdigest()
 
-    def _value(self, h: _Sink, value: Any, context: str, names: set[str]) -> None:
+    def _value(self, h: Sink, value: Any, context: str, names: set[str]) -> None:
         """Hash a value the code reads; an error names where it was read."""
         assert self.encoder is not None, "CodeWalk.encoder must be set before run()"
         if names & self.ignore:
-            _frame(h, b"ignored")
+            feed_item(h, b"ignored")
             return
         try:
             self.encoder.encode(h, value)
-        except _Unhashable as exc:
+        except Unhashable as exc:
             if exc.context is None:
                 exc.context, exc.hint = context, min(names, key=len) if names else None
             raise
 
-    def _function(self, h: _Sink, fn: types.FunctionType, item: _Item) -> None:
+    def _function(self, h: Sink, fn: types.FunctionType, item: _Item) -> None:
         source = _source_identity(fn)
         if source is not None:
-            _frame(h, b"source", source.encode())
+            feed_item(h, b"source", source.encode())
         else:
-            _frame(h, b"bytecode", _bytecode_identity(fn.__code__))
+            feed_item(h, b"bytecode", _bytecode_identity(fn.__code__))
             if item.key not in _WARNED:
                 _WARNED.add(item.key)
                 log.warning(_NO_SOURCE, item.key, _PYTHON)
@@ -606,11 +606,11 @@ class CodeWalk:
         reads = _scan(fn.__code__)
         self._note_writes(fn, reads)
         for name, cell in zip(fn.__code__.co_freevars, fn.__closure__ or ()):
-            _frame(h, b"cell", name.encode())
+            feed_item(h, b"cell", name.encode())
             content = _contents(cell)
             keys = {("cell", id(cell)), ("obj", id(content))}
             if content is _MISSING or keys & self._state:  # not assigned yet, or state
-                _frame(h, b"unread", _qualname(type(content)).encode())
+                feed_item(h, b"unread", qualname_of(type(content)).encode())
             else:
                 item.reads.update(keys)
                 where = f"closure variable {name!r} of {item.key}"
@@ -621,8 +621,8 @@ class CodeWalk:
         for imported in sorted(reads.imports):
             self._read_import(entries, imported, fn, reads, item)
         for name in sorted(entries):
-            _frame(h, b"global", name.encode())
-            _frame(h, b"identity", entries[name])
+            feed_item(h, b"global", name.encode())
+            feed_item(h, b"identity", entries[name])
 
     def _note_writes(self, fn: types.FunctionType, reads: _Reads) -> None:
         """Mark what ``fn`` writes as state: (kind, id) keys, objects kept alive."""
@@ -647,7 +647,7 @@ class CodeWalk:
         """The namespace holding the chain's last name (through user modules) and its value."""
         owner, obj = namespace, namespace.get(chain[0], _MISSING)
         for attr in chain[1:]:
-            if not isinstance(obj, types.ModuleType) or _package_of(obj) is not None:
+            if not isinstance(obj, types.ModuleType) or package_of(obj) is not None:
                 return None, _MISSING
             owner, obj = vars(obj), vars(obj).get(attr, _MISSING)
         return owner, obj
@@ -670,7 +670,7 @@ class CodeWalk:
                 entries[dotted] = self._global(obj, dotted, names, keys, item)
             if i + 1 == len(chain) or not isinstance(obj, types.ModuleType):
                 return
-            if _package_of(obj) is not None:
+            if package_of(obj) is not None:
                 return
             namespace, obj = vars(obj), vars(obj).get(chain[i + 1], _MISSING)
 
@@ -683,10 +683,10 @@ class CodeWalk:
         if names & self.ignore:
             return b"ignored"
         if isinstance(obj, types.ModuleType):
-            self.note_package(_package_of(obj))
+            self.note_package(package_of(obj))
             return b"module:" + obj.__name__.encode()
         if keys & self._state:
-            return b"state:" + _qualname(type(obj)).encode()
+            return b"state:" + qualname_of(type(obj)).encode()
         if isinstance(obj, (logging.Logger, logging.LoggerAdapter)):
             logger = obj if isinstance(obj, logging.Logger) else obj.logger
             return b"logger:" + logger.name.encode()
@@ -734,7 +734,7 @@ class CodeWalk:
             chain = (full, attr) if attr else (full,)
             self._read_chain(entries, chain, {full: module}, item)
 
-    def _class(self, h: _Sink, cls: type, item: _Item) -> None:
+    def _class(self, h: Sink, cls: type, item: _Item) -> None:
         self._value(h, [cls.__bases__, type(cls)], f"the bases of {item.key}", set())
         qualified = {f"{cls.__qualname__}.{{}}"}
         qualified.update(f"{n}.{{}}" for n in spellings(cls.__module__, cls.__qualname__))
@@ -743,7 +743,7 @@ class CodeWalk:
             options = {k: getattr(params, k, None) for k in _DATACLASS_OPTIONS}
             self._value(h, options, f"the dataclass options of {item.key}", set())
             for f in cls.__dataclass_fields__.values():
-                _frame(h, b"field", f.name.encode())
+                feed_item(h, b"field", f.name.encode())
                 kind = f._field_type.name  # type: ignore[attr-defined]
                 spec = [kind, f.default, f.default_factory, f.init, f.kw_only]
                 spec = [... if v is dataclasses.MISSING else v for v in spec]  # ...: no default
@@ -758,13 +758,13 @@ class CodeWalk:
             skip = name in _CLASS_SKIP or (is_enum and (_sunder(name) or name in members))
             if skip or _generated(cls, value):
                 continue
-            _frame(h, b"attr", name.encode())
+            feed_item(h, b"attr", name.encode())
             where, names = (
                 f"class attribute {name!r} of {item.key}",
                 {q.format(name) for q in qualified},
             )
             if isinstance(value, (staticmethod, classmethod, property, functools.cached_property)):
-                _frame(h, type(value).__name__.encode())
+                feed_item(h, type(value).__name__.encode())
                 inner = getattr(value, "__func__", getattr(value, "func", None))
                 value = (
                     [value.fget, value.fset, value.fdel] if isinstance(value, property) else inner
@@ -796,5 +796,5 @@ def _generated(cls: type, value: Any) -> bool:
     fn = getattr(value, "__func__", value)  # static and class methods too
     return isinstance(fn, types.FunctionType) and (
         (fn.__code__.co_filename.startswith("<") and fn.__name__ in _GENERATED)
-        or _package_of(fn) is not None
+        or package_of(fn) is not None
     )

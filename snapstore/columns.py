@@ -24,10 +24,10 @@ from .arraylike import as_numpy, convert_values
 from .checks import check_sample, fast_check
 from .encode import column_array
 from .errors import SchemaError
+from .fields import DECLARE_HINT, Field, check_dtype
 from .inference import check_keys, infer_schema
 from .ragged import RaggedRows
-from .schema import _DECLARE_HINT, Field, Schema
-from .schema import _check_dtype as check_dtype
+from .schema import Schema
 
 __all__ = [
     "BlockColumns",
@@ -519,7 +519,7 @@ def _column_error(field: Field, dtype: Any, shape: tuple[int, ...], first: int) 
     return SchemaError(
         f"field {field.name!r}: the batch starting at sample {first} holds a numpy column of "
         f"{dtype}{list(shape)} per row but the schema says {field.describe()}; {todo}, or "
-        f"{_DECLARE_HINT}"
+        f"{DECLARE_HINT}"
     )
 
 

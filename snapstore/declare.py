@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 
 from .errors import SchemaError
-from .schema import _SCALAR_KINDS, Field, FieldKind, _check_dtype
+from .fields import SCALAR_KINDS, Field, FieldKind, check_dtype
 
 __all__ = ["Nullable", "declaration_of", "field_from_declaration", "nullable"]
 
@@ -89,8 +89,8 @@ def field_from_declaration(leaf: str, decl: Any, name: str | None = None) -> Fie
     inner = _optional_of(name, decl)
     if inner is not None:
         return replace(field_from_declaration(leaf, inner, name), nullable=True)
-    if isinstance(decl, type) and decl in _SCALAR_KINDS:
-        return Field(leaf, _SCALAR_KINDS[decl])
+    if isinstance(decl, type) and decl in SCALAR_KINDS:
+        return Field(leaf, SCALAR_KINDS[decl])
     if typing.get_origin(decl) is list:
         args = typing.get_args(decl)
         if len(args) == 1 and args[0] in _LIST_ITEMS:
@@ -98,7 +98,7 @@ def field_from_declaration(leaf: str, decl: Any, name: str | None = None) -> Fie
             return Field(leaf, kind, dtype, (None,) if kind == "array" else None)
     elif isinstance(decl, tuple) and len(decl) == 2:
         try:
-            np_dtype = _check_dtype(np.dtype(decl[0]), name)
+            np_dtype = check_dtype(np.dtype(decl[0]), name)
             shape = tuple(None if d is None else int(d) for d in decl[1])
         except TypeError as exc:
             raise SchemaError(

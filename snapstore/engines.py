@@ -45,15 +45,17 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from .errors import StageError
-from .handle import portable, reopen
 from .partitions import write_partition
 from .schema import Schema
 from .store import Store
+from .travel import portable, reopen
 from .writer import WriteOptions
 
 __all__ = [
     "DaskEngine",
     "Engine",
+    "KNOWN_EXECUTORS",
+    "load_executor",
     "CannotTravelError",
     "PartitionResult",
     "PartitionTask",
@@ -441,9 +443,8 @@ class RayEngine(Engine):
         self.workers = _workers(workers)
 
     def executor(self) -> Executor:
-        from .ray import RayExecutor
-
-        pool = RayExecutor(max_retries=self.retries, retry_exceptions=self.retries > 0)
+        executor_class = load_executor("ray")
+        pool: Executor = executor_class(max_retries=self.retries, retry_exceptions=self.retries > 0)
         if self._workers is None:
             import ray
 
@@ -520,6 +521,18 @@ class _DaskExecutor:
         if self.owned is not None:
             for part in self.owned:
                 part.close()
+
+
+# Executors that live in an integration above this module, by engine name, as "module:attribute"
+# imported on first use (as fsspec's ``known_implementations``): the write layer does not
+# depend on the integrations, and ``import snapstore`` imports no Ray.
+KNOWN_EXECUTORS = {"ray": "snapstore.ray:RayExecutor"}
+
+
+def load_executor(engine: str) -> Any:
+    """The executor class :data:`KNOWN_EXECUTORS` names for ``engine``, imported now."""
+    module, _, attribute = KNOWN_EXECUTORS[engine].partition(":")
+    return getattr(importlib.import_module(module), attribute)
 
 
 def _workers(workers: int | None) -> int:

@@ -53,18 +53,18 @@ from typing import Any
 import numpy as np
 
 from .codeid import (
-    _BUILTIN_CALLABLES,
+    BUILTIN_CALLABLES,
     Buffer,
     CodeWalk,
-    _callable_name,
-    _frame,
-    _is_callable_object,
-    _is_code,
-    _package_of,
-    _qualname,
-    _Sink,
-    _underlying_function,
-    _Unhashable,
+    Sink,
+    Unhashable,
+    callable_name,
+    feed_item,
+    is_callable_object,
+    is_code,
+    package_of,
+    qualname_of,
+    underlying_function,
 )
 from .errors import FingerprintError, FormatError
 
@@ -176,7 +176,7 @@ def _segment(kind: str, key: Any) -> str:
     return {"key": f"[{text}]", "dictkey": f"key {text}"}.get(kind, f"{{{text}}}")
 
 
-class _Hasher:
+class Hasher:
     """One hashing walk over values (refusing reference cycles); code goes to the code walk."""
 
     def __init__(self, walk: CodeWalk) -> None:
@@ -189,105 +189,105 @@ class _Hasher:
         self.child(h, value, depth, kind, key)
         return h.digest()
 
-    def child(self, h: _Sink, value: Any, depth: int, kind: str, key: Any) -> None:
+    def child(self, h: Sink, value: Any, depth: int, kind: str, key: Any) -> None:
         try:
             self.encode(h, value, depth)
-        except _Unhashable as exc:
+        except Unhashable as exc:
             exc.segments.append(_segment(kind, key))
             raise
 
-    def encode(self, h: _Sink, value: Any, depth: int = 0) -> None:
+    def encode(self, h: Sink, value: Any, depth: int = 0) -> None:
         cls = type(value)
         scalar = _SCALARS.get(cls)
         if scalar is not None:
-            _frame(h, scalar[0], scalar[1](value))
+            feed_item(h, scalar[0], scalar[1](value))
             return
         if depth >= _MAX_DEPTH:
-            raise _Unhashable(_qualname(cls), f"values nested deeper than {_MAX_DEPTH} levels")
+            raise Unhashable(qualname_of(cls), f"values nested deeper than {_MAX_DEPTH} levels")
         if id(value) in self._active:
-            raise _Unhashable(_qualname(cls), "a reference cycle: the value contains itself")
+            raise Unhashable(qualname_of(cls), "a reference cycle: the value contains itself")
         self._active.add(id(value))
         try:
             self._compound(h, value, cls, depth + 1)
         finally:
             self._active.discard(id(value))
 
-    def _compound(self, h: _Sink, value: Any, cls: type, depth: int) -> None:
+    def _compound(self, h: Sink, value: Any, cls: type, depth: int) -> None:
         if isinstance(value, type):
             self.code(h, value, depth)
         elif getattr(cls, "__snapstore_key__", None) is not None:
-            _frame(h, b"key", _qualname(cls).encode())
+            feed_item(h, b"key", qualname_of(cls).encode())
             self.child(h, value.__snapstore_key__(), depth, "attr", "__snapstore_key__()")
         elif any(_hook(value, f"__snapstore_{part}__") for part in _HOOK_PARTS):
             for part in _HOOK_PARTS:  # nested in a container: hashed as what it declares
                 found = _declared(value, part)
-                _frame(h, part.encode(), (found[0] if found else "").encode())
+                feed_item(h, part.encode(), (found[0] if found else "").encode())
         elif cls is np.ndarray or cls is np.memmap:
             if value.dtype.hasobject:
-                raise _Unhashable(f"numpy array of dtype {value.dtype}", "objects have no bytes")
+                raise Unhashable(f"numpy array of dtype {value.dtype}", "objects have no bytes")
             shape = ",".join(map(str, value.shape))
-            _frame(h, b"ndarray", f"{_dtype_text(value.dtype)}|{shape}".encode())
+            feed_item(h, b"ndarray", f"{_dtype_text(value.dtype)}|{shape}".encode())
             flat = np.ascontiguousarray(value).reshape(-1).view(np.uint8)  # no copy if contiguous
-            _frame(h, b"data", flat.data)
+            feed_item(h, b"data", flat.data)
         elif isinstance(value, np.generic) and not value.dtype.hasobject:
-            _frame(h, b"npscalar", _dtype_text(value.dtype).encode())
-            _frame(h, b"data", value.tobytes())
+            feed_item(h, b"npscalar", _dtype_text(value.dtype).encode())
+            feed_item(h, b"data", value.tobytes())
         elif isinstance(value, enum.Enum):
-            _frame(h, b"enum", f"{_qualname(cls)}.{value.name}".encode())
+            feed_item(h, b"enum", f"{qualname_of(cls)}.{value.name}".encode())
             self.code(h, cls, depth)
         elif isinstance(value, np.dtype):
-            _frame(h, b"dtype", _dtype_text(value).encode())
-        elif callable(value) and (_is_code(value) or _is_callable_object(value)):
-            _frame(h, b"code")
+            feed_item(h, b"dtype", _dtype_text(value).encode())
+        elif callable(value) and (is_code(value) or is_callable_object(value)):
+            feed_item(h, b"code")
             self.code(h, value, depth)
         elif dataclasses.is_dataclass(value):
             self._fields(h, value, depth)
         elif isinstance(value, pathlib.PurePath):
-            _frame(h, b"path", f"{cls.__name__}:{value.as_posix()}".encode())
+            feed_item(h, b"path", f"{cls.__name__}:{value.as_posix()}".encode())
         elif cls is range:
-            _frame(h, b"range", f"{value.start}:{value.stop}:{value.step}".encode())
+            feed_item(h, b"range", f"{value.start}:{value.stop}:{value.step}".encode())
         elif cls is slice:
-            _frame(h, b"slice")
+            feed_item(h, b"slice")
             for name in ("start", "stop", "step"):
                 self.child(h, getattr(value, name), depth, "attr", name)
         elif cls in _TEXT_TYPES:
-            _frame(h, b"text", f"{_qualname(cls)}:{value}".encode())
+            feed_item(h, b"text", f"{qualname_of(cls)}:{value}".encode())
         elif cls is re.Pattern:  # not str(): it cuts long patterns
-            _frame(h, b"regex", repr((value.pattern, value.flags)).encode())
+            feed_item(h, b"regex", repr((value.pattern, value.flags)).encode())
         elif cls is memoryview:
-            _frame(h, b"memoryview", f"{value.format}|{value.shape}".encode())
-            _frame(h, b"data", value.tobytes())
+            feed_item(h, b"memoryview", f"{value.format}|{value.shape}".encode())
+            feed_item(h, b"data", value.tobytes())
         elif isinstance(value, tuple) and hasattr(cls, "_fields"):
-            _frame(h, b"namedtuple", f"{_qualname(cls)}|{len(value)}".encode())
+            feed_item(h, b"namedtuple", f"{qualname_of(cls)}|{len(value)}".encode())
             self.code(h, cls, depth)
             for name, item in zip(cls._fields, value, strict=True):
-                _frame(h, b"field", name.encode())
+                feed_item(h, b"field", name.encode())
                 self.child(h, item, depth, "attr", name)
         elif isinstance(value, (list, tuple, dict, set, frozenset, *_SCALARS)):
             self._builtin(h, value, cls, depth)
         elif isinstance(value, _ITERATORS):
-            raise _Unhashable(
-                _qualname(cls),
+            raise Unhashable(
+                qualname_of(cls),
                 "a generator or iterator, which cannot be hashed without consuming it; pass a "
                 "list or tuple of its items instead, or key=",
             )
         else:
-            raise _Unhashable(_qualname(cls), "no deterministic hash is defined for this type")
+            raise Unhashable(qualname_of(cls), "no deterministic hash is defined for this type")
 
-    def _builtin(self, h: _Sink, value: Any, cls: type, depth: int) -> None:
+    def _builtin(self, h: Sink, value: Any, cls: type, depth: int) -> None:
         base = next(
             b for b in (list, tuple, dict, set, frozenset, *_SCALARS) if isinstance(value, b)
         )
         if cls is not base:  # a subclass: its name and code matter, and so does its state
-            _frame(h, b"subclass", _qualname(cls).encode())
+            feed_item(h, b"subclass", qualname_of(cls).encode())
             self.code(h, cls, depth)
             extra = getattr(value, "__dict__", None)
             if extra:
                 self.child(h, extra, depth, "attr", "__dict__")
         if base in _SCALARS:
-            _frame(h, _SCALARS[base][0], _SCALARS[base][1](value))
+            feed_item(h, _SCALARS[base][0], _SCALARS[base][1](value))
         elif base in (list, tuple):
-            _frame(h, base.__name__.encode(), len(value).to_bytes(8, "big"))
+            feed_item(h, base.__name__.encode(), len(value).to_bytes(8, "big"))
             for i, item in enumerate(value):
                 self.child(h, item, depth, "index", i)
         elif base is dict:
@@ -295,58 +295,58 @@ class _Hasher:
                 (self.digest(k, depth, "dictkey", k), self.digest(v, depth, "key", k))
                 for k, v in value.items()
             )
-            _frame(h, b"dict", b"".join(k + v for k, v in entries))
+            feed_item(h, b"dict", b"".join(k + v for k, v in entries))
         else:
             items = sorted(self._element(item, depth) for item in value)
-            _frame(h, base.__name__.encode(), b"".join(items))
+            feed_item(h, base.__name__.encode(), b"".join(items))
 
     def _element(self, item: Any, depth: int) -> bytes:
         """A set element's digest: code in it is walked apart, as set order is arbitrary."""
         if type(item) in _SCALARS:
             return self.digest(item, depth, "elem", item)
-        alone = _Hasher(CodeWalk(self.walk.ignore))
+        alone = Hasher(CodeWalk(self.walk.ignore))
         digest = alone.digest(item, depth, "elem", item)
         alone.walk.run()
         self.walk.packages.update(alone.walk.packages)
         return hashlib.sha256(digest + alone.walk.digest(b"", packages=False).encode()).digest()
 
-    def _fields(self, h: _Sink, value: Any, depth: int) -> None:
-        _frame(h, b"dataclass", _qualname(type(value)).encode())
+    def _fields(self, h: Sink, value: Any, depth: int) -> None:
+        feed_item(h, b"dataclass", qualname_of(type(value)).encode())
         self.code(h, type(value), depth)
         for field in dataclasses.fields(value):
-            _frame(h, b"field", field.name.encode())
+            feed_item(h, b"field", field.name.encode())
             self.child(h, getattr(value, field.name), depth, "attr", field.name)
 
-    def code(self, h: _Sink, fn: Any, depth: int) -> None:
+    def code(self, h: Sink, fn: Any, depth: int) -> None:
         """Feed a callable's or class's code identity: user code by key (joining the walk)."""
         if isinstance(fn, functools.partial):
-            _frame(h, b"partial")
+            feed_item(h, b"partial")
             self.child(h, fn.func, depth, "attr", "func")
             self.child(h, fn.args, depth, "attr", "args")
             self.child(h, fn.keywords, depth, "attr", "keywords")
         elif isinstance(fn, types.MethodType):
-            _frame(h, b"method")
+            feed_item(h, b"method")
             self.code(h, fn.__func__, depth)
             self.child(h, fn.__self__, depth, "attr", "__self__")
         elif isinstance(fn, (types.FunctionType, type)):
             tag, name = self.walk.reference(fn)
-            _frame(h, b"class" if isinstance(fn, type) else b"function")
-            _frame(h, tag, name.encode())
+            feed_item(h, b"class" if isinstance(fn, type) else b"function")
+            feed_item(h, tag, name.encode())
             wrapped = getattr(fn, "__wrapped__", None)  # a library decorator's wrapper
             if tag == b"ext" and isinstance(wrapped, types.FunctionType):
                 self.child(h, wrapped, depth, "attr", "__wrapped__")
-        elif isinstance(fn, _BUILTIN_CALLABLES):
-            _frame(h, b"builtin", _qualname(fn).encode())
-            self.walk.note_package(_package_of(fn))
+        elif isinstance(fn, BUILTIN_CALLABLES):
+            feed_item(h, b"builtin", qualname_of(fn).encode())
+            self.walk.note_package(package_of(fn))
             owner = getattr(fn, "__self__", None)
             if owner is not None and not isinstance(owner, types.ModuleType):
                 self.child(h, owner, depth, "attr", "__self__")
         elif callable(getattr(fn, "__wrapped__", None)):  # lru_cache, class-based decorators
-            _frame(h, b"wrapped")
+            feed_item(h, b"wrapped")
             self.code(h, type(fn), depth)
             self.child(h, fn.__wrapped__, depth, "attr", "__wrapped__")
-        elif _is_callable_object(fn):
-            _frame(h, b"callable")
+        elif is_callable_object(fn):
+            feed_item(h, b"callable")
             self.code(h, type(fn), depth)
             if getattr(type(fn), "__snapstore_key__", None) is not None:
                 self.child(h, fn.__snapstore_key__(), depth, "attr", "__snapstore_key__()")
@@ -355,9 +355,9 @@ class _Hasher:
             elif isinstance(getattr(fn, "__dict__", None), dict):
                 self.child(h, vars(fn), depth, "attr", "__dict__")
             else:
-                raise _Unhashable(_qualname(type(fn)), "a callable object without a __dict__")
+                raise Unhashable(qualname_of(type(fn)), "a callable object without a __dict__")
         else:
-            raise _Unhashable(_qualname(type(fn)), "not a function this scheme can hash")
+            raise Unhashable(qualname_of(type(fn)), "not a function this scheme can hash")
 
 
 # -- protocol hooks -------------------------------------------------------------------------
@@ -377,7 +377,7 @@ def _declared(value: Any, part: str) -> tuple[str, Any] | None:
         return None
     result, h = hook(), hashlib.sha256()
     if part == "upstream" and isinstance(result, str):
-        _frame(h, b"upstream", result.encode())
+        feed_item(h, b"upstream", result.encode())
         return h.hexdigest(), result
     if part == "upstream" or not (
         isinstance(result, dict)
@@ -386,15 +386,15 @@ def _declared(value: Any, part: str) -> tuple[str, Any] | None:
         expected = {"upstream": "the upstream snapshot's fingerprint as a str"}.get(
             part, "a dict of str (a stable name of each input) to str (its identity)"
         )
-        raise _Unhashable(
-            _qualname(type(value)),
+        raise Unhashable(
+            qualname_of(type(value)),
             f"__snapstore_{part}__() returned {type(result).__name__}, expected {expected}",
         )
     items = {k: result[k].encode("utf-8", "surrogatepass") for k in sorted(result)}
-    _frame(h, b"inputs", len(items).to_bytes(8, "big"))
+    feed_item(h, b"inputs", len(items).to_bytes(8, "big"))
     for name, identity in items.items():
-        _frame(h, b"name", name.encode("utf-8", "surrogatepass"))
-        _frame(h, b"identity", identity)
+        feed_item(h, b"name", name.encode("utf-8", "surrogatepass"))
+        feed_item(h, b"identity", identity)
     detail: dict[str, Any] = {"count": len(items), "digest": h.hexdigest()[:16]}
     if len(items) <= _MAX_INPUT_DETAILS:
         detail["items"] = {k: hashlib.sha256(v).hexdigest()[:16] for k, v in items.items()}
@@ -408,7 +408,7 @@ def _split_declared(values: dict[str, Any]) -> tuple[dict[str, Any], dict[str, A
     for arg, value in values.items():
         try:
             found = {part: _declared(value, part) for part in _HOOK_PARTS}
-        except _Unhashable as exc:
+        except Unhashable as exc:
             raise _explain(f"argument {arg!r}", exc, arg) from None
         for part, result in found.items():
             if result is not None:
@@ -421,7 +421,7 @@ def _split_declared(values: dict[str, Any]) -> tuple[dict[str, Any], dict[str, A
 # -- public hashing -------------------------------------------------------------------------
 
 
-def _explain(where: str, exc: _Unhashable, argument: str | None) -> FingerprintError:
+def _explain(where: str, exc: Unhashable, argument: str | None) -> FingerprintError:
     steps = exc.segments[::-1]
     if len(steps) > 12:  # a path 100 levels deep says no more than its two ends
         steps = [*steps[:6], "...", *steps[-6:]]
@@ -449,11 +449,11 @@ def _explain(where: str, exc: _Unhashable, argument: str | None) -> FingerprintE
     )
 
 
-def _encode(hasher: _Hasher, value: Any, where: str, argument: str | None = None) -> str:
+def _encode(hasher: Hasher, value: Any, where: str, argument: str | None = None) -> str:
     h = hashlib.sha256()
     try:
         hasher.encode(h, value)
-    except _Unhashable as exc:
+    except Unhashable as exc:
         raise _explain(where, exc, argument) from None
     return h.hexdigest()
 
@@ -490,16 +490,16 @@ def hash_value(value: Any, where: str = "value") -> str:
     False
     """
     walk = CodeWalk()
-    digest = _encode(_Hasher(walk), value, where)
+    digest = _encode(Hasher(walk), value, where)
     try:
         walk.run()
-    except _Unhashable as exc:
+    except Unhashable as exc:
         raise _explain(where, exc, None) from None
     if not walk.functions:
         return digest
     h = hashlib.sha256()  # user code inside the value: its identities, not package versions
-    _frame(h, b"value", digest.encode())
-    _frame(h, b"code", walk.digest(b"", packages=False).encode())
+    feed_item(h, b"value", digest.encode())
+    feed_item(h, b"code", walk.digest(b"", packages=False).encode())
     return h.hexdigest()
 
 
@@ -528,24 +528,24 @@ def hash_code(fn: Callable[..., Any], *, ignore_globals: Collection[str] = ()) -
     >>> hash_code(len) == hash_code(len)
     True
     """
-    walk = CodeWalk(ignore_globals, skip_defaults=_underlying_function(fn))
-    return _code_part(fn, _Hasher(walk))
+    walk = CodeWalk(ignore_globals, skip_defaults=underlying_function(fn))
+    return _code_part(fn, Hasher(walk))
 
 
-def _code_part(fn: Any, hasher: _Hasher) -> str:
+def _code_part(fn: Any, hasher: Hasher) -> str:
     """Walk ``fn``'s code (and any code the hasher met in arguments) into the code part."""
-    root, where = hashlib.sha256(), f"code of {_callable_name(fn)}"
+    root, where = hashlib.sha256(), f"code of {callable_name(fn)}"
     try:
         hasher.code(root, fn, 0)
         hasher.walk.run()
-    except _Unhashable as exc:
+    except Unhashable as exc:
         raise _explain(where, exc, None) from None
     return hasher.walk.digest(root.digest())
 
 
 def _short_repr(value: Any) -> str:
-    if isinstance(value, (types.FunctionType, type, *_BUILTIN_CALLABLES)):
-        return f"<{type(value).__name__} {_qualname(value)}>"  # no memory address
+    if isinstance(value, (types.FunctionType, type, *BUILTIN_CALLABLES)):
+        return f"<{type(value).__name__} {qualname_of(value)}>"  # no memory address
     text = _REPR.repr(value)
     return text if len(text) <= _REPR_CHARS else text[: _REPR_CHARS - 3] + "..."
 
@@ -556,10 +556,10 @@ _REPR.maxstring = _REPR.maxother = _REPR_CHARS
 
 def _combine(parts: dict[str, str]) -> str:
     h = hashlib.sha256()
-    _frame(h, b"snapstore-fingerprint")
+    feed_item(h, b"snapstore-fingerprint")
     for name in sorted(parts):
-        _frame(h, b"part", name.encode())
-        _frame(h, b"digest", parts[name].encode())
+        feed_item(h, b"part", name.encode())
+        feed_item(h, b"digest", parts[name].encode())
     return h.hexdigest()[:_DIGEST_CHARS]
 
 
@@ -635,10 +635,10 @@ def fingerprint_stage(
     FingerprintError
         If an argument or the code cannot be hashed; the message says where and how to fix it.
     """
-    name = _callable_name(fn)
+    name = callable_name(fn)
     values = _bind_arguments(fn, name, args, kwargs, ignore)
-    walk = CodeWalk(ignore_globals, skip_defaults=_underlying_function(fn))
-    hasher = _Hasher(walk)
+    walk = CodeWalk(ignore_globals, skip_defaults=underlying_function(fn))
+    hasher = Hasher(walk)
     plain, declared = _split_declared(values)
     digests: dict[str, str] = {}
     if key is None:
@@ -664,7 +664,7 @@ def fingerprint_stage(
         "inputs": declared["inputs"][1],
         "upstream": declared["upstream"][1],
         "ignored": sorted(ignore),
-        "key": None if key is None else _callable_name(key),
+        "key": None if key is None else callable_name(key),
         "version": version,
         "format_version": format_version,
         "scheme": FINGERPRINT_SCHEME,

@@ -8,20 +8,19 @@ process other than the one that opened the snapshot opens it anew there, through
 snapshot (memory maps, decode caches, the event loop of an async filesystem) is never used by
 a child. What the parent read and verified (commit record, manifest, a block index of up to
 16 MiB) travels with the handle, so a worker makes no metadata request: it relies on the
-parent's pin (see :mod:`snapstore.pins`). :func:`portable` and :func:`reopen` also carry stores
-to engine and Ray workers.
+parent's pin (see :mod:`snapstore.pins`). The handle carries its store with :func:`portable` and
+:func:`reopen`, which live with the stores in :mod:`snapstore.travel` (engine and Ray workers
+use them too) and are importable from here as well.
 """
 
 from __future__ import annotations
 
 import os
-import pickle
 import socket
 from typing import TYPE_CHECKING, Any
 
-from .cache import BlockCache, CachedStore
 from .reader import SnapshotMetadata
-from .store import FsspecStore, LocalStore, Store
+from .travel import portable, reopen
 
 if TYPE_CHECKING:
     from .snapshot import Snapshot
@@ -132,57 +131,3 @@ class SnapshotHandle:
         metadata = self._sent()
         sender = (socket.gethostname(), os.getpid()) if self._opened else self._sender
         return {**self.__dict__, "_opened": None, "_metadata": metadata, "_sender": sender}
-
-
-def portable(store: Store, destination: str) -> tuple[Any, ...]:
-    """What reopens ``store`` in another process (a DataLoader, Grain, engine or Ray worker): a
-    Store holds memory maps, caches, locks and event loops that another process cannot use, so a
-    dataset keeps this instead and calls :func:`reopen` where it reads.
-
-    It works whether the recipe reaches the other process pickled (``spawn``, ``forkserver``,
-    Ray, Dask) or copied with the parent's memory (``fork``): :func:`reopen` in a process other
-    than this one builds a new filesystem object there from the old one's options, never using
-    the parent's (an async filesystem such as gcsfs or s3fs runs its requests on an event-loop
-    thread that a forked child does not have).
-
-    Raises
-    ------
-    TypeError
-        For a store that is not a LocalStore, an FsspecStore or a CachedStore over one
-        (``destination`` names where it was to go).
-    """
-    if isinstance(store, LocalStore):
-        return ("local", str(store.root), store.fsync)
-    if isinstance(store, FsspecStore):
-        return ("fsspec", store.fs, store.root, store.retry, store.url, os.getpid())
-    if isinstance(store, CachedStore):
-        cache = store.cache
-        return ("cached", portable(store.inner, destination), str(cache.directory), cache.max_bytes)
-    raise TypeError(
-        f"cannot send a {type(store).__name__} to {destination}: expected a LocalStore, "
-        "an FsspecStore or a CachedStore; open the snapshot under a local path or an fsspec URL"
-    )
-
-
-def reopen(where: tuple[Any, ...]) -> Store:
-    """The store :func:`portable` described, opened in this process."""
-    if where[0] == "local":
-        return LocalStore(where[1], fsync=where[2])
-    if where[0] == "cached":
-        return CachedStore(reopen(where[1]), BlockCache(where[2], where[3]))
-    _, fs, root, retry, url, pid = where
-    if pid != os.getpid():
-        fs = _rebuilt(fs)
-    store = FsspecStore(fs, root, retry=retry)
-    store.url = url  # e.g. latency://... for a simulated store
-    return store
-
-
-def _rebuilt(fs: Any) -> Any:
-    """A filesystem like ``fs`` that belongs to this process.
-
-    fsspec filesystems pickle as their class and options; unpickling in a process other than
-    the one that made ``fs`` builds a new instance (fsspec's instance cache forgets the parent's
-    instances after a fork), and a wrapper rebuilds the filesystem it wraps the same way.
-    """
-    return pickle.loads(pickle.dumps(fs))

@@ -41,7 +41,7 @@ import numpy as np
 import zstandard
 
 from . import format as fmt
-from .cache import _user_cache_base
+from .cache import user_cache_base
 from .checksums import CRC32C, file_checksum
 from .errors import FormatError
 
@@ -94,7 +94,7 @@ def index_dir() -> Path:
     """``$SNAPSTORE_INDEX_DIR``, else ``snapstore-index`` in the per-user cache directory
     (``~/.cache/snapstore-index`` on Linux, beside the block cache ``snapstore-blocks``)."""
     env = os.environ.get(INDEX_DIR_ENV)
-    return Path(env) if env else _user_cache_base() / "snapstore-index"
+    return Path(env) if env else user_cache_base() / "snapstore-index"
 
 
 def copy_path(fingerprint: str, run: str, entry: Mapping[str, Any]) -> Path:

@@ -20,8 +20,9 @@ import numpy as np
 from . import scalars
 from .arraylike import as_numpy
 from .errors import SchemaError
+from .fields import DECLARE_HINT, SCALAR_KINDS, Field, check_dtype
 from .lists import LIST_TYPES, classify
-from .schema import _DECLARE_HINT, _SCALAR_KINDS, Field, Schema, _check_dtype, check_names
+from .schema import Schema, check_names
 
 __all__ = ["check_keys", "field_of", "infer_schema", "merge_stored", "resolve", "sample_items"]
 
@@ -29,7 +30,7 @@ __all__ = ["check_keys", "field_of", "infer_schema", "merge_stored", "resolve", 
 _TWINS = {"int": "int64", "float": "float64", "bool": "bool"}
 
 
-def _describe_value(value: Any) -> str:
+def describe_value(value: Any) -> str:
     if isinstance(value, np.ndarray):
         return f"numpy array {value.dtype}{list(value.shape)}"
     return type(value).__name__
@@ -45,7 +46,7 @@ def field_of(name: str, value: Any, index: int, label: str | None = None) -> Fie
         return Field(name, "null", nullable=True)
     if isinstance(value, (np.ndarray, np.generic)):
         arr = np.asarray(value)
-        dtype = _check_dtype(arr.dtype, label)
+        dtype = check_dtype(arr.dtype, label)
         return Field(name, "array", dtype.name, tuple(arr.shape))
     if type(value) in LIST_TYPES:
         try:
@@ -56,7 +57,7 @@ def field_of(name: str, value: Any, index: int, label: str | None = None) -> Fie
         return Field(name, list_kind, list_dtype, shape, from_list=True)
     if isinstance(value, Mapping):
         return _struct_field(name, value, index, label)
-    kind = _SCALAR_KINDS.get(type(value))
+    kind = SCALAR_KINDS.get(type(value))
     if kind is None:
         array = as_numpy(value, label, index)
         if array is not None:
@@ -90,11 +91,11 @@ def _struct_field(name: str, value: Mapping[Any, Any], index: int, label: str) -
 def _mismatch(a: Field, b: Field, index: int, label: str) -> SchemaError:
     return SchemaError(
         f"field {label!r}: sample {index} holds {b.describe()} but earlier samples hold "
-        f"{a.describe()}. Make the type consistent, or {_DECLARE_HINT}"
+        f"{a.describe()}. Make the type consistent, or {DECLARE_HINT}"
     )
 
 
-def _merge(a: Field, b: Field, index: int, label: str | None = None) -> Field:
+def merge_fields(a: Field, b: Field, index: int, label: str | None = None) -> Field:
     """The field that holds the values of both ``a`` (earlier samples) and ``b`` (sample
     ``index``): None makes a field nullable, numeric scalars of one family promote (``int``
     and ``int32[]`` give ``int64[]``, see :mod:`snapstore.scalars`), lists join varying 1-D
@@ -132,7 +133,7 @@ def _merge_kinds(a: Field, b: Field, index: int, label: str) -> Field:
             f"field {label!r}: sample {index} has rank {len(b.shape)} (shape {b.shape}) "
             f"but earlier "
             f"samples have rank {len(a.shape)} ({a.describe()}). Arrays of a field must keep their "
-            f"rank; {_DECLARE_HINT}"
+            f"rank; {DECLARE_HINT}"
         )
     shape = tuple(x if x == y else None for x, y in zip(a.shape, b.shape))
     return Field(a.name, "array", a.dtype, shape, from_list=a.from_list and b.from_list)
@@ -159,7 +160,7 @@ def _merge_struct(a: Field, b: Field, index: int, label: str) -> Field:
             f"earlier samples hold keys {sorted(f.name for f in a.fields)}. Every sample's "
             "nested dict needs the same keys: use None for a missing value."
         )
-    children = tuple(_merge(f, theirs[f.name], index, f"{label}.{f.name}") for f in a.fields)
+    children = tuple(merge_fields(f, theirs[f.name], index, f"{label}.{f.name}") for f in a.fields)
     return replace(a, fields=children)
 
 
@@ -187,7 +188,7 @@ def infer_schema(
         index = first_index + offset
         check_keys(fields, sample, index)
         for name, value in sample.items():
-            fields[name] = _merge(fields[name], field_of(name, value, index), index)
+            fields[name] = merge_fields(fields[name], field_of(name, value, index), index)
     schema = Schema(tuple(fields.values()))
     return resolve(schema, first_index, len(samples)) if resolved else schema
 

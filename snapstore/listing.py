@@ -18,7 +18,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import IO, Any, TypeVar
 
 from . import format as fmt
-from .store import Store
+from .store import LocalStore, Store
 
 __all__ = [
     "ListedStore",
@@ -26,6 +26,7 @@ __all__ = [
     "list_prefixes",
     "listing_workers",
     "map_concurrently",
+    "root_missing",
 ]
 
 T = TypeVar("T")
@@ -65,6 +66,16 @@ def fingerprint_trees(store: Store) -> dict[str, dict[str, int]]:
 
 
 # -- answering from a listing ------------------------------------------------------------------
+
+
+def root_missing(store: Store) -> bool:
+    """Whether ``store`` is a local store whose directory does not exist (yet).
+
+    Messages about an empty listing say so, since it usually means a mistyped root. Remote
+    roots are not asked: a prefix with no objects does not exist either, and asking costs a
+    request.
+    """
+    return isinstance(store, LocalStore) and not store.root.is_dir()
 
 
 class ListedStore(Store):

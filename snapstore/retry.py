@@ -15,7 +15,15 @@ from dataclasses import dataclass
 
 from .errors import StoreError
 
-__all__ = ["RetryPolicy"]
+__all__ = [
+    "KIND_ERRNOS",
+    "KIND_HINTS",
+    "RetryPolicy",
+    "classify_failure",
+    "http_status",
+    "no_such_bucket",
+    "vanished_error",
+]
 
 
 # s3fs turns 503 SlowDown and 409 OperationAborted into EBUSY, 500 InternalError into EREMOTEIO.
@@ -43,7 +51,7 @@ _CREDENTIAL_TYPES = {
     "google.auth.exceptions.DefaultCredentialsError",
     "google.auth.exceptions.RefreshError",
 }
-_KIND_HINTS = {
+KIND_HINTS = {
     "permission": "check that the credentials grant access to it (on a bucket: reading, "
     "writing, listing and deleting objects)",
     "credentials": "check the credentials: the storage options (token=..., key=/secret=...) "
@@ -75,12 +83,12 @@ _REMOTE_KINDS = {
     "QuotaExceededException": "quota",
 }
 # The prefetcher does not retry an error whose errno says "missing" or "access denied".
-_KIND_ERRNOS = {"permission": errno.EACCES, "credentials": errno.EACCES, "bucket": errno.ENOENT,
+KIND_ERRNOS = {"permission": errno.EACCES, "credentials": errno.EACCES, "bucket": errno.ENOENT,
                 "location": errno.ENOENT, "transient": errno.ETIMEDOUT,
                 "quota": errno.EDQUOT}  # fmt: skip
 
 
-def _http_status(exc: BaseException, names: set[str]) -> int | None:
+def http_status(exc: BaseException, names: set[str]) -> int | None:
     """The HTTP status a driver's exception carries, if it is one that carries one."""
     if "gcsfs.retry.HttpError" in names:
         code = getattr(exc, "code", None)
@@ -96,7 +104,7 @@ def _http_status(exc: BaseException, names: set[str]) -> int | None:
     return int(code) if isinstance(code, int | str) and str(code).isdigit() else None
 
 
-def _classify(exc: BaseException) -> str | None:
+def classify_failure(exc: BaseException) -> str | None:
     """What a failure means: ``missing``, ``exists``, ``transient``, ``permission``,
     ``credentials``, ``quota`` or ``permanent``; None for an exception that is not a storage
     failure (a bad argument, a bug), which passes through unchanged."""
@@ -106,7 +114,7 @@ def _classify(exc: BaseException) -> str | None:
     if remote in _REMOTE_KINDS:
         return _REMOTE_KINDS[remote]
     names = {f"{k.__module__}.{k.__qualname__}" for k in type(exc).__mro__}
-    status = _http_status(exc, names)
+    status = http_status(exc, names)
     if status is not None:
         if status in (408, 429) or status >= 500:
             return "transient"
@@ -132,7 +140,7 @@ def _classify(exc: BaseException) -> str | None:
     return None
 
 
-def _no_such_bucket(exc: BaseException) -> bool:
+def no_such_bucket(exc: BaseException) -> bool:
     """Whether a "not found" is about the bucket (s3fs says so; gcsfs cannot tell)."""
     text = f"{exc} {exc.__cause__}"
     return "NoSuchBucket" in text or "specified bucket does not exist" in text
@@ -178,3 +186,11 @@ class RetryPolicy:
     def backoff(self, retry: int) -> float:
         """Seconds to wait before retry number ``retry`` (1 for the first)."""
         return random.uniform(0.0, min(self.cap, self.base * 2.0 ** (retry - 1)))
+
+
+def vanished_error(url: str) -> StoreError:
+    """The error of a commit whose target vanished each time it was found to exist."""
+    return StoreError(
+        f"cannot commit {url}: it vanished each time it was found to exist; check what else "
+        "removes files in this store"
+    )

@@ -11,14 +11,10 @@ from __future__ import annotations
 import errno
 import re
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from .errors import StoreError
 
-if TYPE_CHECKING:
-    from .store import Store
-
-__all__ = ["refuse_file_root", "refuse_mistyped_url", "root_missing"]
+__all__ = ["refuse_file_root", "refuse_mistyped_url"]
 
 
 def refuse_file_root(given: str, root: Path) -> None:
@@ -60,15 +56,3 @@ def refuse_mistyped_url(text: str) -> None:
         f"a path that starts with {scheme + ':'!r}, a URL scheme missing its '//'; did you "
         f"mean {meant!r}? For a local directory of that name, write {'./' + text!r}"
     )
-
-
-def root_missing(store: Store) -> bool:
-    """Whether ``store`` is a local store whose directory does not exist (yet).
-
-    Messages about an empty listing say so, since it usually means a mistyped root. Remote
-    roots are not asked: a prefix with no objects does not exist either, and asking costs a
-    request.
-    """
-    from .store import LocalStore  # the store checks roots with this module: it imports it
-
-    return isinstance(store, LocalStore) and not store.root.is_dir()

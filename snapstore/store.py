@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import importlib
 import io
 import itertools
 import logging
@@ -37,7 +38,15 @@ from pathlib import Path
 from typing import IO, Any, TypeVar
 
 from .errors import StoreError
-from .retry import _KIND_ERRNOS, _KIND_HINTS, RetryPolicy, _classify, _http_status, _no_such_bucket
+from .retry import (
+    KIND_ERRNOS,
+    KIND_HINTS,
+    RetryPolicy,
+    classify_failure,
+    http_status,
+    no_such_bucket,
+    vanished_error,
+)
 from .roots import refuse_file_root, refuse_mistyped_url
 from .trees import find_tree, walk_local, walk_store
 
@@ -313,7 +322,7 @@ class LocalStore(Store):
                     tmp.unlink()
                 self._fsync_dir(target.parent)
                 return True
-        raise _vanished(self.join(path))
+        raise vanished_error(self.join(path))
 
     def exists(self, path: str) -> bool:
         return self._path(path).exists()
@@ -373,6 +382,9 @@ class LocalStore(Store):
 ATOMIC_CREATE_PROTOCOLS = frozenset({"memory", "gs", "gcs", "s3", "s3a", "file", "local"} | {
     "webhdfs", "swebhdfs"})  # fmt: skip
 _WEBHDFS = frozenset({"webhdfs", "swebhdfs"})
+# Stores of modules beside this one that build on it, by protocol, as "module:function" imported
+# on first use (as fsspec's known_implementations), so that this module does not import them.
+KNOWN_OPENERS = dict.fromkeys(_WEBHDFS, "snapstore.webhdfs:open_webhdfs")
 _ADVICE = dict.fromkeys(("hdfs", "arrow_hdfs"), ", or use the WebHDFS URL of the same NameNode "
                         "(webhdfs://NAMENODE:9870/PATH), whose commits are atomic")  # fmt: skip
 # No directories, so no makedirs (s3fs' would create a missing bucket, hiding a typo).
@@ -483,14 +495,14 @@ class FsspecStore(Store):
             try:
                 return fn()
             except Exception as exc:
-                kind = _classify(exc)
+                kind = classify_failure(exc)
                 if kind == "transient" and attempt < self.retry.attempts:
                     log.debug("retry %d of %s %s after %r", attempt, op, self.join(path), exc)
                     time.sleep(self.retry.backoff(attempt))
                     continue
                 if kind is None or kind == "exists":
                     raise
-                if kind == "missing" and (write or _no_such_bucket(exc)):
+                if kind == "missing" and (write or no_such_bucket(exc)):
                     kind = "bucket" if self.protocol in _OBJECT_STORES else "location"
                 elif kind == "missing":
                     if isinstance(exc, FileNotFoundError):
@@ -503,13 +515,13 @@ class FsspecStore(Store):
         detail = (exc.strerror if isinstance(exc, OSError) else None) or str(exc).strip()
         detail = detail.splitlines()[0] if detail else type(exc).__name__
         detail = "not found" if kind in ("bucket", "location") else detail  # gcsfs: a bare URL
-        hint = _KIND_HINTS[kind]
+        hint = KIND_HINTS[kind]
         if kind == "permanent" and isinstance(exc, OSError):
             hint = _HINTS.get(exc.errno or 0, hint)
         if kind == "transient":
             hint = f"gave up after {tries} tries; {hint}"
         err = StoreError(f"cannot {op} {self.join(path)}: {detail}; {hint}")
-        err.errno = getattr(exc, "errno", None) or _KIND_ERRNOS.get(kind)
+        err.errno = getattr(exc, "errno", None) or KIND_ERRNOS.get(kind)
         return err
 
     def _forget(self, target: str) -> None:
@@ -533,7 +545,7 @@ class FsspecStore(Store):
             except Exception as exc:  # a range past the end is empty, as a local slice is
                 names = {f"{k.__module__}.{k.__qualname__}" for k in type(exc).__mro__}
                 s3_416 = isinstance(exc, OSError) and exc.errno == errno.EINVAL
-                if _http_status(exc, names) == 416 or (s3_416 and "range" in str(exc).lower()):
+                if http_status(exc, names) == 416 or (s3_416 and "range" in str(exc).lower()):
                     return b""
                 raise
 
@@ -633,7 +645,7 @@ class FsspecStore(Store):
             # driver) finds its own file: it is ours if it holds our bytes. Records name their
             # writer (a run, a claim's owner), so no other writer's record is equal.
             return bytes(existing) == data
-        raise _vanished(self.join(path))
+        raise vanished_error(self.join(path))
 
     def _create(self, target: str, data: bytes) -> None:
         if self.protocol in ("file", "local"):
@@ -691,13 +703,6 @@ class FsspecStore(Store):
 
         self._call("remove", path, remove)
         self._forget(target)
-
-
-def _vanished(url: str) -> StoreError:
-    return StoreError(
-        f"cannot commit {url}: it vanished each time it was found to exist; check what else "
-        "removes files in this store"
-    )
 
 
 def default_root() -> str:
@@ -768,10 +773,11 @@ def open_store(
             refuse_mistyped_url(text)
         return LocalStore(text.removeprefix("file://"), **storage_options)
     protocol = text.split("://", 1)[0]
-    if protocol.lower() in _WEBHDFS:
-        from .webhdfs import open_webhdfs
-
-        return open_webhdfs(text, retry=retry, **storage_options)
+    if protocol.lower() in KNOWN_OPENERS:
+        module, _, opener = KNOWN_OPENERS[protocol.lower()].partition(":")
+        return getattr(importlib.import_module(module), opener)(  # type: ignore[no-any-return]
+            text, retry=retry, **storage_options
+        )
     try:
         if protocol in ("gs", "gcs") and _gcs_endpoint(storage_options):
             import gcsfs.core  # type: ignore[import-untyped]

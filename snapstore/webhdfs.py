@@ -36,8 +36,8 @@ from urllib.parse import quote
 from fsspec.implementations.webhdfs import WebHDFS
 
 from .errors import StoreError
-from .retry import RetryPolicy
-from .store import FsspecStore, _vanished
+from .retry import RetryPolicy, vanished_error
+from .store import FsspecStore
 
 __all__ = ["WebHDFSStore", "open_webhdfs"]
 
@@ -206,7 +206,7 @@ class WebHDFSStore(FsspecStore):
                     time.sleep(0.02)
             except FileNotFoundError:
                 continue  # removed since (snapstore rm): try again
-        raise _vanished(self.join(path))
+        raise vanished_error(self.join(path))
 
     def _makedirs(self, path: str) -> None:
         """Nothing: ``CREATE`` makes the missing parents in its own NameNode step (a request

@@ -41,8 +41,7 @@ from .columns import (
     row_sizes,
     to_record_batch,
 )
-from .inference import _merge as merge_fields
-from .inference import check_keys, infer_schema, resolve, sample_items
+from .inference import check_keys, infer_schema, merge_fields, resolve, sample_items
 from .schema import Schema
 from .store import Store
 

@@ -235,12 +235,12 @@ def test_library_and_user_modules_are_told_apart_by_location(user_modules: Any) 
     from snapstore import codeid
 
     helpers = user_modules(TREE) and sys.modules["fpx_helpers"]
-    assert codeid._package_of(helpers) is None
-    assert codeid._package_of(helpers.normalize) is None
-    assert codeid._package_of(np) == "numpy" and codeid._package_of(np.zeros) == "numpy"
-    assert codeid._package_of(json.dumps) == "json"
-    assert codeid._package_of(len) == "builtins"
-    assert codeid._package_of(codeid.CodeWalk) == "snapstore"  # snapstore is a library
+    assert codeid.package_of(helpers) is None
+    assert codeid.package_of(helpers.normalize) is None
+    assert codeid.package_of(np) == "numpy" and codeid.package_of(np.zeros) == "numpy"
+    assert codeid.package_of(json.dumps) == "json"
+    assert codeid.package_of(len) == "builtins"
+    assert codeid.package_of(codeid.CodeWalk) == "snapstore"  # snapstore is a library
     assert codeid._distributions("json") == {
         "python": f"{sys.version_info[0]}.{sys.version_info[1]}"
     }

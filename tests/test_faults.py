@@ -19,7 +19,7 @@ from fsspec.utils import stringify_path
 
 import snapstore
 from snapstore.errors import SnapshotNotFoundError, StoreError
-from snapstore.store import FsspecStore, RetryPolicy, _classify, _SpooledUpload, open_store
+from snapstore.store import FsspecStore, RetryPolicy, _SpooledUpload, classify_failure, open_store
 from snapstore.writer import WriteOptions
 
 FAST = RetryPolicy(attempts=4, base=0.001, cap=0.005)
@@ -292,7 +292,7 @@ def test_every_foreign_error_is_mapped() -> None:
         (StoreError("translated already"), None),
     ]
     for exc, kind in cases:
-        assert _classify(exc) == kind, (exc, kind)
+        assert classify_failure(exc) == kind, (exc, kind)
 
 
 def test_retry_policy() -> None:

@@ -45,7 +45,7 @@ from webhdfs_server import WebHDFSServer
 import snapstore
 from snapstore.errors import StoreError
 from snapstore.gc import find_garbage
-from snapstore.retry import RetryPolicy, _classify
+from snapstore.retry import RetryPolicy, classify_failure
 from snapstore.simulate import simulated_store
 from snapstore.store import FsspecStore, open_store
 from snapstore.webhdfs import WebHDFSStore, _remote_error
@@ -317,11 +317,11 @@ def test_every_remote_exception_is_classified() -> None:
     }  # fmt: skip
     for name, kind in kinds.items():
         err = _remote_error(_remote(name, "m"))
-        assert err is not None and _classify(err) == kind, name
+        assert err is not None and classify_failure(err) == kind, name
     assert _remote_error(_Response(500, None)) is None  # no JSON: requests' HTTPError instead
     answer = requests.Response()
     answer.status_code = 503
-    assert _classify(requests.HTTPError(response=answer)) == "transient"
+    assert classify_failure(requests.HTTPError(response=answer)) == "transient"
 
 
 # -- snapshots -----------------------------------------------------------------------------------

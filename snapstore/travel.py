@@ -1,0 +1,72 @@
+"""Stores that travel to other processes: :func:`portable` describes a store as a small recipe
+that pickles (or survives a fork), and :func:`reopen` opens it again in the process that reads.
+
+DataLoader, Grain, engine and Ray workers all receive stores this way (see
+:mod:`snapstore.handle` for whole snapshots). It sits with the stores, below the writer and
+the engines that ship partitions to workers.
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+from typing import Any
+
+from .cache import BlockCache, CachedStore
+from .store import FsspecStore, LocalStore, Store
+
+__all__ = ["portable", "reopen"]
+
+
+def portable(store: Store, destination: str) -> tuple[Any, ...]:
+    """What reopens ``store`` in another process (a DataLoader, Grain, engine or Ray worker): a
+    Store holds memory maps, caches, locks and event loops that another process cannot use, so a
+    dataset keeps this instead and calls :func:`reopen` where it reads.
+
+    It works whether the recipe reaches the other process pickled (``spawn``, ``forkserver``,
+    Ray, Dask) or copied with the parent's memory (``fork``): :func:`reopen` in a process other
+    than this one builds a new filesystem object there from the old one's options, never using
+    the parent's (an async filesystem such as gcsfs or s3fs runs its requests on an event-loop
+    thread that a forked child does not have).
+
+    Raises
+    ------
+    TypeError
+        For a store that is not a LocalStore, an FsspecStore or a CachedStore over one
+        (``destination`` names where it was to go).
+    """
+    if isinstance(store, LocalStore):
+        return ("local", str(store.root), store.fsync)
+    if isinstance(store, FsspecStore):
+        return ("fsspec", store.fs, store.root, store.retry, store.url, os.getpid())
+    if isinstance(store, CachedStore):
+        cache = store.cache
+        return ("cached", portable(store.inner, destination), str(cache.directory), cache.max_bytes)
+    raise TypeError(
+        f"cannot send a {type(store).__name__} to {destination}: expected a LocalStore, "
+        "an FsspecStore or a CachedStore; open the snapshot under a local path or an fsspec URL"
+    )
+
+
+def reopen(where: tuple[Any, ...]) -> Store:
+    """The store :func:`portable` described, opened in this process."""
+    if where[0] == "local":
+        return LocalStore(where[1], fsync=where[2])
+    if where[0] == "cached":
+        return CachedStore(reopen(where[1]), BlockCache(where[2], where[3]))
+    _, fs, root, retry, url, pid = where
+    if pid != os.getpid():
+        fs = _rebuilt(fs)
+    store = FsspecStore(fs, root, retry=retry)
+    store.url = url  # e.g. latency://... for a simulated store
+    return store
+
+
+def _rebuilt(fs: Any) -> Any:
+    """A filesystem like ``fs`` that belongs to this process.
+
+    fsspec filesystems pickle as their class and options; unpickling in a process other than
+    the one that made ``fs`` builds a new instance (fsspec's instance cache forgets the parent's
+    instances after a fork), and a wrapper rebuilds the filesystem it wraps the same way.
+    """
+    return pickle.loads(pickle.dumps(fs))
