@@ -64,6 +64,7 @@ __all__ = [
     "BlockCache",
     "CacheScan",
     "CachedStore",
+    "user_cache_base",
     "block_key",
     "cached_store",
     "default_cache_dir",

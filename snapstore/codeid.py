@@ -72,17 +72,21 @@ import textwrap
 import tokenize
 import types
 from collections.abc import Collection, Iterator
-from typing import TYPE_CHECKING, Any, Protocol
-
-import numpy as np
+from typing import TYPE_CHECKING, Any
 
 from .errors import FingerprintError
+from .hashing import (
+    Sink,
+    Unhashable,
+    feed_item,
+    qualname_of,
+)
 from .importname import module_name, spellings
 
 if TYPE_CHECKING:
     from .fingerprint import Hasher
 
-__all__ = ["CodeWalk"]
+__all__ = ["CodeWalk", "package_of"]
 
 log = logging.getLogger(__name__)
 
@@ -113,11 +117,6 @@ _GENERATED = frozenset(
      "__setattr__", "__delattr__", "__getstate__", "__setstate__", "__replace__", "__new__"}
 )  # fmt: skip
 _DATACLASS_OPTIONS = ("init", "repr", "eq", "order", "unsafe_hash", "frozen")
-BUILTIN_CALLABLES = (
-    types.BuiltinFunctionType, types.MethodDescriptorType, types.WrapperDescriptorType,
-    types.MethodWrapperType, types.ClassMethodDescriptorType, np.ufunc,
-)  # fmt: skip
-_CODE_TYPES = (functools.partial, types.MethodType, types.FunctionType, *BUILTIN_CALLABLES)
 _PYTHON = f"{sys.version_info.major}.{sys.version_info.minor}"
 _NO_SOURCE = (
     "no source for %s (defined in an interactive session or by exec): it is fingerprinted by "
@@ -127,40 +126,6 @@ _TUPLE_FIELD = type(vars(collections.namedtuple("_", "a"))["a"])
 _SLOTS = (types.MemberDescriptorType, types.GetSetDescriptorType, _TUPLE_FIELD)  # generated
 _WARNED: set[str] = set()
 _MISSING = object()
-Buffer = bytes | bytearray | memoryview
-
-
-class Sink(Protocol):
-    def update(self, data: Buffer, /) -> None: ...
-
-
-class Unhashable(Exception):
-    """Internal: the reason, path segments, and where code read it (``context``, ``hint``)."""
-
-    def __init__(self, found: str, reason: str) -> None:
-        super().__init__(reason)
-        self.found, self.reason = found, reason
-        self.segments: list[str] = []
-        self.context: str | None = None
-        self.hint: str | None = None
-
-
-def feed_item(h: Sink, tag: bytes, payload: Buffer = b"") -> None:
-    """Feed one self-delimiting item: tag length, tag, payload length, payload."""
-    h.update(len(tag).to_bytes(1, "big") + tag + len(payload).to_bytes(8, "big"))
-    h.update(payload)
-
-
-def qualname_of(obj: Any) -> str:
-    """``module.qualname`` of a class or function (``builtins.`` left out)."""
-    module = getattr(obj, "__module__", None) or getattr(
-        getattr(obj, "__objclass__", None), "__module__", None
-    )
-    name = str(getattr(obj, "__qualname__", None) or getattr(obj, "__name__", repr(obj)))
-    if module in (None, "builtins") or not isinstance(module, str):
-        return name if module in (None, "builtins") else f"{module}.{name}"
-    namespace = obj.__globals__ if isinstance(obj, types.FunctionType) else None
-    return f"{module_name(module, namespace)}.{name}"
 
 
 def _function_key(fn: types.FunctionType) -> str:
@@ -168,36 +133,6 @@ def _function_key(fn: types.FunctionType) -> str:
     module = fn.__globals__.get("__name__")
     name = fn.__code__.co_qualname
     return f"{module_name(module, fn.__globals__)}.{name}" if isinstance(module, str) else name
-
-
-def is_code(value: Any) -> bool:
-    return isinstance(value, _CODE_TYPES) or callable(getattr(value, "__wrapped__", None))
-
-
-def callable_name(fn: Any) -> str:
-    """The name details and messages use for a stage, key function or partial."""
-    if isinstance(fn, functools.partial):
-        return callable_name(fn.func)
-    if is_code(fn) or isinstance(fn, type):
-        return qualname_of(fn)
-    return qualname_of(type(fn))
-
-
-def is_callable_object(value: Any) -> bool:
-    return callable(value) and isinstance(type(value).__call__, types.FunctionType)
-
-
-def underlying_function(fn: Any) -> Any:
-    """The Python function whose parameters a call of ``fn`` binds (its defaults are arguments)."""
-    if isinstance(fn, functools.partial):
-        return underlying_function(fn.func)
-    if isinstance(fn, types.MethodType):
-        return fn.__func__
-    if isinstance(fn, types.FunctionType):
-        return fn
-    if is_callable_object(fn):
-        return type(fn).__call__
-    return None
 
 
 # -- user code or library code --------------------------------------------------------------

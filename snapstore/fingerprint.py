@@ -52,25 +52,25 @@ from typing import Any
 
 import numpy as np
 
-from .codeid import (
+from .codeid import CodeWalk, package_of
+from .errors import FingerprintError, FormatError
+from .hashing import (
     BUILTIN_CALLABLES,
     Buffer,
-    CodeWalk,
     Sink,
     Unhashable,
     callable_name,
     feed_item,
     is_callable_object,
     is_code,
-    package_of,
     qualname_of,
     underlying_function,
 )
-from .errors import FingerprintError, FormatError
 
 __all__ = [
     "FINGERPRINT_SCHEME",
     "Fingerprint",
+    "Hasher",
     "diff_parts",
     "fingerprint_key",
     "fingerprint_stage",

@@ -24,7 +24,16 @@ from .fields import DECLARE_HINT, SCALAR_KINDS, Field, check_dtype
 from .lists import LIST_TYPES, classify
 from .schema import Schema, check_names
 
-__all__ = ["check_keys", "field_of", "infer_schema", "merge_stored", "resolve", "sample_items"]
+__all__ = [
+    "check_keys",
+    "describe_value",
+    "field_of",
+    "infer_schema",
+    "merge_fields",
+    "merge_stored",
+    "resolve",
+    "sample_items",
+]
 
 # A Python scalar kind and the numpy dtype of its twin, stored alike: int and int64[].
 _TWINS = {"int": "int64", "float": "float64", "bool": "bool"}

@@ -53,6 +53,7 @@ from .trees import find_tree, walk_local, walk_store
 __all__ = [
     "ATOMIC_CREATE_PROTOCOLS",
     "FsspecStore",
+    "KNOWN_OPENERS",
     "LocalStore",
     "RetryPolicy",
     "Store",

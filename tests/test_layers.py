@@ -42,7 +42,7 @@ LAYERS: dict[str, tuple[str, ...]] = {
         "hostindex", "travel", "claims", "pins",
     ),
     "fingerprint": (  # what a stage's result is named by
-        "importname", "codeid", "hashing", "explain", "fingerprint", "inputs",
+        "importname", "hashing", "codeid", "explain", "fingerprint", "inputs",
     ),
     "read": ("prefetch", "reader", "assemble", "batches", "options"),
     "write": ("writer", "partitions", "progress", "engines", "parallel"),

@@ -72,6 +72,7 @@ MODULE_ALL = {
     "store": [
         "ATOMIC_CREATE_PROTOCOLS",
         "FsspecStore",
+        "KNOWN_OPENERS",
         "LocalStore",
         "RetryPolicy",
         "Store",
@@ -104,6 +105,7 @@ MODULE_ALL = {
         "block_key",
         "cached_store",
         "default_cache_dir",
+        "user_cache_base",
     ],
     "webhdfs": ["WebHDFSStore", "open_webhdfs"],
     "simulate": ["LIST_PAGE", "LatencyFileSystem", "Request", "round_trips", "simulated_store"],
@@ -112,6 +114,7 @@ MODULE_ALL = {
     "fingerprint": [
         "FINGERPRINT_SCHEME",
         "Fingerprint",
+        "Hasher",
         "diff_parts",
         "fingerprint_key",
         "fingerprint_stage",
