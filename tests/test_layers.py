@@ -183,3 +183,18 @@ def test_no_import_circle() -> None:
 )
 def test_circle_finder(graph: dict[str, set[str]], expected: list[str] | None) -> None:
     assert _circle(graph) == expected
+
+
+def test_readme_draws_the_same_layers() -> None:
+    text = (ROOT / "README.md").read_text()
+    diagram = text.split("## Architecture", 1)[1].split("```text\n", 1)[1].split("```", 1)[0]
+    drawn: dict[str, list[str]] = {}
+    layer = ""
+    for line in diagram.splitlines():
+        if not line.startswith(" "):
+            layer, _, line = line.partition(" ")
+        names = line.split("(", 1)[0].replace(",", " ").split()
+        drawn.setdefault(layer, []).extend(names)
+    assert list(drawn) == list(reversed(LAYER_NAMES)), "the README draws the layers top down"
+    for name, modules in LAYERS.items():
+        assert sorted(drawn[name]) == sorted(modules), f"layer {name} in README.md"
