@@ -1,4 +1,5 @@
-"""Checks on a root before it becomes a store: mistakes that would otherwise pass silently.
+"""Roots before they become stores: the default root, and checks for mistakes that would
+otherwise pass silently.
 
 A local root that is a file would list as empty ("no snapshots under ./afile") and fail on the
 first write; one that starts like a URL with a mistyped separator (``s3:/bucket/snaps``) would
@@ -9,12 +10,28 @@ data. Both are refused with a message that says what to write instead.
 from __future__ import annotations
 
 import errno
+import os
 import re
+import sys
 from pathlib import Path
 
 from .errors import StoreError
 
-__all__ = ["refuse_file_root", "refuse_mistyped_url"]
+__all__ = ["default_root", "refuse_file_root", "refuse_mistyped_url"]
+
+
+def default_root() -> str:
+    """``$SNAPSTORE_ROOT``, else the per-user cache directory (``~/.cache/snapstore`` on Linux)."""
+    env = os.environ.get("SNAPSTORE_ROOT")
+    if env:
+        return env
+    if sys.platform == "darwin":
+        base = Path.home() / "Library" / "Caches"
+    elif sys.platform == "win32":
+        base = Path(os.environ.get("LOCALAPPDATA", Path.home() / "AppData" / "Local"))
+    else:
+        base = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
+    return str(base / "snapstore")
 
 
 def refuse_file_root(given: str, root: Path) -> None:

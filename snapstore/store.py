@@ -47,7 +47,7 @@ from .retry import (
     no_such_bucket,
     vanished_error,
 )
-from .roots import refuse_file_root, refuse_mistyped_url
+from .roots import default_root, refuse_file_root, refuse_mistyped_url
 from .trees import find_tree, walk_local, walk_store
 
 __all__ = [
@@ -704,20 +704,6 @@ class FsspecStore(Store):
 
         self._call("remove", path, remove)
         self._forget(target)
-
-
-def default_root() -> str:
-    """``$SNAPSTORE_ROOT``, else the per-user cache directory (``~/.cache/snapstore`` on Linux)."""
-    env = os.environ.get("SNAPSTORE_ROOT")
-    if env:
-        return env
-    if sys.platform == "darwin":
-        base = Path.home() / "Library" / "Caches"
-    elif sys.platform == "win32":
-        base = Path(os.environ.get("LOCALAPPDATA", Path.home() / "AppData" / "Local"))
-    else:
-        base = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
-    return str(base / "snapstore")
 
 
 _EXTRAS = {"gs": "gcs", "gcs": "gcs", "s3": "s3", "s3a": "s3"}

@@ -209,6 +209,7 @@ def test_module_all_is_pinned(module: str) -> None:
     [
         ("schema", "fields", ["Field", "FieldKind", "SUPPORTED_DTYPES"]),
         ("handle", "travel", ["portable", "reopen"]),
+        ("store", "roots", ["default_root"]),
     ],
 )
 def test_moved_names_stay_importable(old: str, new: str, names: list[str]) -> None:
