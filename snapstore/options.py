@@ -111,10 +111,13 @@ class ReaderOptions:
             value = getattr(self, name)
             if value is None and name == "shuffle":
                 continue
-            if not isinstance(value, (bool, np.bool_)):
+            # 0 and 1 as well (configs and argparse give ints), as before the options object.
+            if not isinstance(value, (bool, np.bool_)) and value not in (0, 1):
                 raise TypeError(f"{name}: expected True or False, found {value!r}")
-        if isinstance(self.seed, bool) or not isinstance(self.seed, (int, np.integer)):
+            object.__setattr__(self, name, bool(value))
+        if not isinstance(self.seed, (int, np.integer)):
             raise TypeError(f"seed: expected an int, found {type(self.seed).__name__}")
+        object.__setattr__(self, "seed", int(self.seed))
         if not _at_least_one(self.window_bytes):
             raise ValueError(
                 f"window_bytes must be a positive number of bytes, got {self.window_bytes!r}"

@@ -38,7 +38,9 @@ def portable(store: Store, destination: str) -> tuple[Any, ...]:
     if isinstance(store, LocalStore):
         return ("local", str(store.root), store.fsync)
     if isinstance(store, FsspecStore):
-        return ("fsspec", store.fs, store.root, store.retry, store.url, os.getpid())
+        # The class travels too: a WebHDFSStore's commit and errors are its own.
+        where = (store.fs, store.root, store.retry, store.url, store.protocol, os.getpid())
+        return ("fsspec", type(store), *where)
     if isinstance(store, CachedStore):
         cache = store.cache
         return ("cached", portable(store.inner, destination), str(cache.directory), cache.max_bytes)
@@ -54,11 +56,12 @@ def reopen(where: tuple[Any, ...]) -> Store:
         return LocalStore(where[1], fsync=where[2])
     if where[0] == "cached":
         return CachedStore(reopen(where[1]), BlockCache(where[2], where[3]))
-    _, fs, root, retry, url, pid = where
+    _, cls, fs, root, retry, url, protocol, pid = where
     if pid != os.getpid():
         fs = _rebuilt(fs)
-    store = FsspecStore(fs, root, retry=retry)
+    store: FsspecStore = cls(fs, root, retry=retry)
     store.url = url  # e.g. latency://... for a simulated store
+    store.protocol = protocol  # e.g. swebhdfs, which its filesystem reports as webhdfs
     return store
 
 

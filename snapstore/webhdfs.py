@@ -109,7 +109,9 @@ class _WebHDFS(WebHDFS):  # type: ignore[misc]
         import requests.adapters
 
         super()._connect()
-        adapter = requests.adapters.HTTPAdapter(pool_connections=4, pool_maxsize=_POOL)
+        # A pool per host (the NameNode and every DataNode reads are redirected to), each of
+        # _POOL connections: with fewer host pools than DataNodes, pools are evicted and closed.
+        adapter = requests.adapters.HTTPAdapter(pool_connections=_POOL, pool_maxsize=_POOL)
         self.session.mount("http://", adapter)
         self.session.mount("https://", adapter)
 

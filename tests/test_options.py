@@ -202,3 +202,9 @@ def test_bench_passes_reader_settings(snap, monkeypatch) -> None:
     assert settings["window_bytes"] == 1024 and settings["max_requests"] == 2
     bad = CliRunner().invoke(main, [*args[:4], "--window-bytes", "0"])
     assert bad.exit_code == 2 and "expected a size >= 1 byte" in bad.output
+
+
+def test_flags_given_as_0_or_1_are_taken_as_before() -> None:
+    """Configs and argparse give ints: 0 and 1 worked before the options object, and still do."""
+    options = ReaderOptions(shuffle=1, drop_last=0, seed=True)
+    assert options.shuffle is True and options.drop_last is False and options.seed == 1

@@ -70,6 +70,22 @@ def test_open_store_gives_the_atomic_store() -> None:
     assert secure.atomic_create and secure.protocol == "swebhdfs"  # type: ignore[attr-defined]
 
 
+def test_a_webhdfs_store_stays_one_in_worker_processes() -> None:
+    """Sent to a worker (DataLoader, Grain, engine, Ray), the store keeps its class: its
+    atomic commit, its error hints and its protocol (swebhdfs, which fsspec reports as
+    webhdfs)."""
+    import pickle
+
+    from snapstore.travel import portable, reopen
+
+    secure = open_store("swebhdfs://alice@namenode.invalid:9871/snaps")
+    where = pickle.loads(pickle.dumps(portable(secure, "a test")))
+    where = (*where[:-1], -1)  # as unpickled in another process
+    again = reopen(where)
+    assert type(again) is WebHDFSStore and again.atomic_create
+    assert again.protocol == "swebhdfs" and again.url == secure.url
+
+
 def test_conflicting_options_name_the_url() -> None:
     with pytest.raises(StoreError, match=r"webhdfs://alice@nn:9870/x.*check the URL"):
         open_store("webhdfs://alice@nn:9870/x", token="delegation-token")  # user and token
