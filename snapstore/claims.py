@@ -54,6 +54,7 @@ __all__ = [
     "SystemClock",
     "acquire",
     "inspect_claim",
+    "process_gone",
     "remove_claims",
 ]
 
@@ -127,22 +128,26 @@ class ClaimState:
 
     def holder_died(self) -> bool:
         """The holder ran on this host and its process is gone (a crash or a kill)."""
-        pid = self.holder.get("pid")
-        if self.holder.get("host") != socket.gethostname() or not isinstance(pid, int):
-            return False
-        if pid == os.getpid():
-            return False
-        try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
-            return True
-        except OSError:
-            return False  # exists, owned by someone else
-        return False
+        return process_gone(self.holder.get("host"), self.holder.get("pid"))
 
     def describe(self) -> str:
         h = self.holder
         return f"job {h.get('owner', '?')} (pid {h.get('pid', '?')} on {h.get('host', '?')})"
+
+
+def process_gone(host: object, pid: object) -> bool:
+    """Whether ``pid`` ran on this host (``host``) and no such process exists any more: a
+    crashed or killed claim holder, reader or sender. False when it cannot be told (another
+    host, no pid) or the process exists, whoever owns it."""
+    if host != socket.gethostname() or not isinstance(pid, int) or pid == os.getpid():
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    except OSError:
+        pass  # it exists, owned by someone else
+    return False
 
 
 def _path(fingerprint: str, name: str = "") -> str:

@@ -19,6 +19,7 @@ import os
 import socket
 from typing import TYPE_CHECKING, Any
 
+from .claims import process_gone
 from .reader import SnapshotMetadata
 from .travel import portable, reopen
 
@@ -105,15 +106,7 @@ class SnapshotHandle:
         """Whether the process that sent this handle (and holds the pin) runs on this host
         (a worker on another host, or a handle loaded in a later job, pins for itself)."""
         host, pid = self._sender
-        if host != socket.gethostname():
-            return False
-        try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
-            return False
-        except OSError:
-            pass  # it exists, under another user
-        return True
+        return host == socket.gethostname() and not process_gone(host, pid)
 
     def _sent(self) -> SnapshotMetadata | None:
         """What the sending process read, if it read the snapshot (and pinned it)."""

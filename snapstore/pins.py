@@ -39,7 +39,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from . import format as fmt
-from .claims import Renewal, new_owner
+from .claims import Renewal, new_owner, process_gone
 from .errors import StoreError
 from .store import Store
 
@@ -81,13 +81,8 @@ class PinInfo:
     lease: float
 
     def live(self, now: float) -> bool:
-        if self.host == socket.gethostname() and self.pid != os.getpid():
-            try:
-                os.kill(self.pid, 0)
-            except ProcessLookupError:
-                return False
-            except OSError:
-                pass
+        if process_gone(self.host, self.pid):
+            return False
         return now - self.time <= self.lease
 
     def describe(self) -> str:
