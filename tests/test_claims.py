@@ -11,6 +11,7 @@ import textwrap
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -462,19 +463,13 @@ snap.close()  # takes its reader pin down
 """
 
 
-@pytest.mark.parametrize("backend", ["local", "gcs"])
-def test_a_sweep_of_six_processes_computes_once(
-    tmp_path: Path, backend: str, request: pytest.FixtureRequest
-) -> None:
+def run_sweep(tmp_path: Path, root: str, options: dict[str, Any], delay: float) -> None:
+    """Six processes start :data:`SWEEP` under ``root`` together, ``delay`` seconds from now;
+    the stage runs once in all, and every process reads the same 400 samples."""
     script = tmp_path / "sweep.py"
     script.write_text(textwrap.dedent(SWEEP))
     log = tmp_path / "log"
-    if backend == "gcs":
-        root, options = request.getfixturevalue("gcs_root")
-    else:
-        root, options = str(tmp_path / "root"), {}
-    start = time.time() + (3.0 if backend == "gcs" else 1.5)
-    args = [str(script), root, str(log), str(start), json.dumps(options)]
+    args = [str(script), root, str(log), str(time.time() + delay), json.dumps(options)]
     procs = [
         subprocess.Popen([sys.executable, *args],
                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
@@ -488,6 +483,17 @@ def test_a_sweep_of_six_processes_computes_once(
     assert log.read_text() == "ran\n"  # the stage ran once in the whole sweep
     assert len({json.dumps(r, sort_keys=True) for r in results}) == 1
     assert results[0]["n"] == 400
+
+
+@pytest.mark.parametrize("backend", ["local", "gcs"])
+def test_a_sweep_of_six_processes_computes_once(
+    tmp_path: Path, backend: str, request: pytest.FixtureRequest
+) -> None:
+    if backend == "gcs":
+        root, options = request.getfixturevalue("gcs_root")
+    else:
+        root, options = str(tmp_path / "root"), {}
+    run_sweep(tmp_path, root, options, 3.0 if backend == "gcs" else 1.5)
     # No attempt was left behind. The winner removed its claims after committing; a waiter
     # that claimed in the instant before it saw the commit may leave a released claim.
     store = snapstore.open_store(root, **options)

@@ -16,14 +16,12 @@ URL, removed afterwards.
 from __future__ import annotations
 
 import errno
-import json
 import logging
 import os
 import signal
 import socket
 import subprocess
 import sys
-import textwrap
 import threading
 import time
 import uuid
@@ -37,7 +35,7 @@ import numpy as np
 import pytest
 import requests
 from fsspec.implementations.memory import MemoryFileSystem
-from test_claims import SWEEP
+from test_claims import run_sweep
 from test_commit import run_writer, visible
 from test_store_conformance import Backend, StoreConformance, race_processes
 from webhdfs_server import WebHDFSServer
@@ -383,25 +381,9 @@ def test_the_latency_simulator_reads_over_webhdfs(webhdfs_server: WebHDFSServer)
 def test_a_sweep_of_six_processes_computes_once(
     webhdfs_server: WebHDFSServer, tmp_path: Path, under_construction: float
 ) -> None:
-    script = tmp_path / "sweep.py"
-    script.write_text(textwrap.dedent(SWEEP))
-    log = tmp_path / "log"
     root, options = webhdfs_server.fresh_root()
-    args = [str(script), root, str(log), str(time.time() + 3.0), json.dumps(options)]
     with webhdfs_server.switched(under_construction=under_construction):
-        procs = [
-            subprocess.Popen([sys.executable, *args],
-                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-            for _ in range(6)
-        ]  # fmt: skip
-        results = []
-        for p in procs:
-            out, err = p.communicate(timeout=120)
-            assert p.returncode == 0, err
-            results.append(json.loads(out))
-    assert log.read_text() == "ran\n"  # the stage ran once in the whole sweep
-    assert len({json.dumps(r, sort_keys=True) for r in results}) == 1
-    assert results[0]["n"] == 400
+        run_sweep(tmp_path, root, options, 3.0)
     store = open_store(root, **options)
     assert {g.kind for g in find_garbage(store, min_age=0)} <= {"claims"}
 
