@@ -16,7 +16,7 @@ import sys
 import textwrap
 import threading
 import uuid
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -225,15 +225,23 @@ def race_processes(
     url: str, options: dict[str, Any], *, processes: int, names: int
 ) -> list[list[bool]]:
     """Each process creates ``race/0`` .. ``race/<names - 1>``, all starting together."""
+    return start_together(
+        [RACER, url, json.dumps(options), str(me), str(names)] for me in range(processes)
+    )
+
+
+def start_together(scripts: Iterable[list[str]]) -> list[Any]:
+    """Run ``python -c script args...`` for each list, release them together once every one
+    has printed READY, and return what each printed next (JSON)."""
     procs = [
         subprocess.Popen(
-            [sys.executable, "-c", RACER, url, json.dumps(options), str(me), str(names)],
+            [sys.executable, "-c", *script],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             text=True,
             env=child_env(),
         )
-        for me in range(processes)
+        for script in scripts
     ]
     try:
         for proc in procs:

@@ -3,7 +3,6 @@ documents: checked over plain HTTP with ``requests``, and through fsspec's ``web
 
 from __future__ import annotations
 
-import json
 import subprocess
 import sys
 import textwrap
@@ -18,6 +17,7 @@ import fsspec
 import pytest
 import requests
 from servers import child_env
+from test_store_conformance import start_together
 from webhdfs_server import WebHDFSServer
 
 
@@ -228,33 +228,7 @@ RACER = textwrap.dedent(
 def test_processes_racing_create_exactly_one_wins(hdfs: Client) -> None:
     processes, names = 4, 100
     base = f"http://{hdfs.server.host}:{hdfs.server.port}/webhdfs/v1{hdfs.base}"
-    procs = [
-        subprocess.Popen(
-            [sys.executable, "-c", RACER, base, str(me), str(names)],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            text=True,
-            env=child_env(),
-        )
-        for me in range(processes)
-    ]
-    try:
-        for proc in procs:
-            assert proc.stdout is not None and proc.stdout.readline().strip() == "READY"
-        for proc in procs:
-            assert proc.stdin is not None
-            proc.stdin.write("go\n")
-            proc.stdin.flush()
-        results = []
-        for proc in procs:
-            assert proc.stdout is not None
-            results.append(json.loads(proc.stdout.readline()))
-            assert proc.wait(timeout=60) == 0
-    finally:
-        for proc in procs:
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait()
+    results = start_together([RACER, base, str(me), str(names)] for me in range(processes))
     for k in range(names):
         winners = [me for me in range(processes) if results[me][k]]
         assert len(winners) == 1, (k, winners)
