@@ -89,18 +89,22 @@ def _create_in_dir(path: Path, create: Callable[[], T]) -> T:
 
 
 def _remove_dir_tree(target: Path) -> None:
-    """``shutil.rmtree``, again when files came or went in the tree meanwhile (a reader's pin
-    written, or renewed, as its snapshot is removed)."""
+    """``shutil.rmtree`` that lets files go while it runs and runs again when files came
+    meanwhile (a reader's pin written, renamed or renewed as its snapshot is removed)."""
+
+    def gone_is_fine(func: object, path: str, exc_info: tuple[type, BaseException, object]) -> None:
+        if not isinstance(exc_info[1], FileNotFoundError):
+            raise exc_info[1]
+
     for attempt in range(8):
         try:
-            shutil.rmtree(target)
-            return
+            shutil.rmtree(target, onerror=gone_is_fine)
         except OSError as exc:
-            if exc.errno not in (errno.ENOENT, errno.ENOTEMPTY) or attempt == 7:
+            if exc.errno != errno.ENOTEMPTY or attempt == 7:
                 raise
-            if not target.exists():
-                return
-            time.sleep(0.005 * 2**attempt)  # let the writer finish (0.6 s in all at most)
+        if not target.exists():
+            return
+        time.sleep(0.005 * 2**attempt)  # let the writer finish (0.6 s in all at most)
 
 
 @contextlib.contextmanager
