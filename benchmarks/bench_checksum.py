@@ -116,8 +116,8 @@ def _img_blocks(megabytes: float) -> tuple[list[Any], Any]:
     """Raw blocks of 64 uint8[64,64,3] images, ``megabytes`` in all, and their schema."""
     import numpy as np
 
-    from snapstore import format as fmt
-    from snapstore.schema import Schema
+    from snapstore.format import layout as fmt
+    from snapstore.format.schema import Schema
 
     schema = Schema.from_json(
         [{"kind": "array", "name": "image", "dtype": "uint8", "shape": [64, 64, 3]}]
@@ -139,8 +139,8 @@ def decode_rates(megabytes: float, repeat: int) -> dict[str, float]:
     """GB/s of ``decode_block`` over every block, per algorithm (best of ``repeat``)."""
     import numpy as np
 
-    from snapstore import format as fmt
-    from snapstore.checksums import CHECKSUMS
+    from snapstore.format import layout as fmt
+    from snapstore.format.checksums import CHECKSUMS
 
     blocks, arrow = _img_blocks(megabytes)
     total = sum(len(b) for b in blocks)

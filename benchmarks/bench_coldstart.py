@@ -39,7 +39,9 @@ from typing import Any
 
 from bench_format import BATCH, SIZES, WORKLOADS, _warm, print_rows, run_script_child
 
-BACKGROUND = "/pins/"  # what the first batch does not wait for (see snapstore.pins.ReadGuard)
+BACKGROUND = (
+    "/pins/"  # what the first batch does not wait for (see snapstore.storage.pins.ReadGuard)
+)
 
 
 # -- child measurements ----------------------------------------------------------------------
@@ -55,7 +57,7 @@ def child_write(workload: str, n: int, root: str) -> dict[str, Any]:
 def _trips(trace: list[Any], first_batch: float) -> tuple[int, int]:
     """Round trips before the first block request, and before the first batch (the ones it
     waited for: nothing under pins/, and no confirm-read, which follows the first block)."""
-    from snapstore.simulate import round_trips
+    from snapstore.storage.simulate import round_trips
 
     ordered = sorted(trace, key=lambda r: r.start)
     first_block = next(r.start for r in ordered if r.ranged)
@@ -68,7 +70,7 @@ def _trips(trace: list[Any], first_batch: float) -> tuple[int, int]:
 def child_open(n: int, root: str, fingerprint: str, ttfb: float) -> dict[str, Any]:
     """open() then one shuffled epoch through the simulated store."""
     import snapstore
-    from snapstore.simulate import simulated_store
+    from snapstore.storage.simulate import simulated_store
 
     _warm(root)
     store = simulated_store(root, ttfb=ttfb, record=True)
@@ -95,7 +97,7 @@ def child_open(n: int, root: str, fingerprint: str, ttfb: float) -> dict[str, An
 def child_send(root: str, fingerprint: str, ttfb: float, payload: str) -> dict[str, Any]:
     """The training process: a dataset, pickled as DataLoader(spawn) would send it."""
     import snapstore.torch as st
-    from snapstore.simulate import simulated_store
+    from snapstore.storage.simulate import simulated_store
 
     store = simulated_store(root, ttfb=ttfb, record=True)  # the worker's copy records too
     ds = st.SnapshotIterableDataset(fingerprint, root=store, batch_size=BATCH, shuffle=True)

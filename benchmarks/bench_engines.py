@@ -35,7 +35,7 @@ from typing import Any, NamedTuple
 import numpy as np
 
 import snapstore
-from snapstore.engines import (
+from snapstore.write.engines import (
     THREAD_VARIABLES,
     Engine,
     ProcessEngine,

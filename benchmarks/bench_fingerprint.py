@@ -1,4 +1,5 @@
-"""Time to list and identify declared inputs (snapstore.inputs.files), against a bare walk.
+"""Time to list and identify declared inputs (snapstore.fingerprint.inputs.files), against a bare
+walk.
 
     python benchmarks/bench_fingerprint.py                  # 1,000 and 10,000 files of 4 KiB
     python benchmarks/bench_fingerprint.py --counts 100     # a quick smoke run
@@ -25,7 +26,7 @@ from collections.abc import Callable
 
 import fsspec
 
-from snapstore.inputs import files
+from snapstore.fingerprint.inputs import files
 
 PAYLOAD = 4096
 

@@ -59,7 +59,7 @@ def source_rows(n: int) -> Any:
 def write_source(root: str, rows: int = ROWS) -> str:
     """Write the one-block snapshot under ``root``; its fingerprint."""
     import snapstore
-    from snapstore.writer import WriteOptions
+    from snapstore.write.writer import WriteOptions
 
     options = WriteOptions(block_bytes=4 << 20, block_min_rows=rows, compression_level=0)
     snap = snapstore.snapshot(source_rows, root=root, options=options)(rows)
@@ -72,9 +72,9 @@ def write_source(root: str, rows: int = ROWS) -> str:
 def craft_snapshot(root: str, source: str, blocks: int, fingerprint: str = "f" * 32) -> str:
     """Commit ``fingerprint`` under ``root``: ``blocks`` blocks, every one the single block of
     snapshot ``source`` (its shard copied). Returns ``fingerprint``."""
-    from snapstore import format as fmt
-    from snapstore.reader import SnapshotReader
-    from snapstore.store import LocalStore
+    from snapstore.format import layout as fmt
+    from snapstore.read.reader import SnapshotReader
+    from snapstore.storage.store import LocalStore
 
     reader = SnapshotReader(LocalStore(root), source)
     manifest, entry = dict(reader.manifest), reader.index[:1]
@@ -119,7 +119,7 @@ def first_batch(
     of snapshot ``warm``; seconds and anonymous memory growth. ``start_at``: wall-clock time to
     start at (readers started together)."""
     import snapstore
-    from snapstore import hostindex
+    from snapstore.storage import hostindex
 
     # The copy from any size on (a smoke run's snapshot is below the default threshold), or never.
     hostindex.MIN_BLOCKS = 0 if shared else 1 << 62

@@ -125,8 +125,8 @@ def child_generate(workload: str, n: int, **_: Any) -> dict[str, Any]:
 def child_snap_write(
     workload: str, n: int, directory: str, block_bytes: int, min_rows: int = 64, **_: Any
 ) -> dict[str, Any]:
-    from snapstore.store import LocalStore
-    from snapstore.writer import SnapshotWriter, WriteOptions
+    from snapstore.storage.store import LocalStore
+    from snapstore.write.writer import SnapshotWriter, WriteOptions
 
     mem = PeakAnon()
     t = time.perf_counter()
@@ -225,7 +225,7 @@ def _digest(order: np.ndarray) -> str:
 def child_snap_read(workload: str, n: int, directory: str, **_: Any) -> dict[str, Any]:
     """One shuffled epoch through the public API, every batch through :func:`touch`."""
     import snapstore
-    from snapstore.plan import shuffle_quality
+    from snapstore.format.plan import shuffle_quality
 
     _warm(directory)
     snapstore.open("bench", root=directory).close()  # imports and code paths, not the timing

@@ -1,6 +1,7 @@
 """Partition status from listings: 10,000 partitions on fake-gcs-server at 50 ms a request.
 
-gcsfs -> snapstore.simulate's LatencyFileSystem (``--ttfb`` per request, a listing paged 1,000
+gcsfs -> snapstore.storage.simulate's LatencyFileSystem (``--ttfb`` per request, a listing paged
+1,000
 objects a request, every request recorded) -> fake-gcs-server (in memory). The stage is being
 resumed: most partitions are committed, some hold the claims of a job that crashed, the rest
 are pending. Measured in one run: the old way (one ``exists`` per partition, timed on a sample
@@ -28,12 +29,12 @@ sys.path.insert(0, str(HERE.parent / "tests"))
 
 from servers import running_fake_gcs  # noqa: E402
 
-from snapstore import claims  # noqa: E402
-from snapstore.engines import PartitionTask  # noqa: E402
-from snapstore.parallel import PartitionJob  # noqa: E402
-from snapstore.partitions import partition_dir, partition_done  # noqa: E402
-from snapstore.simulate import round_trips, simulated_store  # noqa: E402
-from snapstore.store import FsspecStore, Store  # noqa: E402
+from snapstore.storage import claims  # noqa: E402
+from snapstore.storage.simulate import round_trips, simulated_store  # noqa: E402
+from snapstore.storage.store import FsspecStore, Store  # noqa: E402
+from snapstore.write.engines import PartitionTask  # noqa: E402
+from snapstore.write.parallel import PartitionJob  # noqa: E402
+from snapstore.write.partitions import partition_dir, partition_done  # noqa: E402
 
 FP = "b" * 32
 

@@ -77,7 +77,7 @@ def child_read(
     """One shuffled epoch through ``simulated_store(root, ttfb=ttfb)``; ``step`` seconds of
     sleep per batch stand in for a training step."""
     import snapstore
-    from snapstore.simulate import simulated_store
+    from snapstore.storage.simulate import simulated_store
 
     _warm(root)
     store = simulated_store(root, ttfb=ttfb)

@@ -34,9 +34,9 @@ import numpy as np
 import torch
 
 import snapstore
-from snapstore.reader import SnapshotReader
-from snapstore.schema import infer_schema, sample_checker
-from snapstore.store import LocalStore
+from snapstore.format.schema import infer_schema, sample_checker
+from snapstore.read.reader import SnapshotReader
+from snapstore.storage.store import LocalStore
 
 BATCH = 256
 

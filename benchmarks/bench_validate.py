@@ -5,7 +5,8 @@ before any encoding, for each kind a field can hold.
     python benchmarks/bench_validate.py --samples 2000 --repeat 2
 
 The schema is inferred from the first 256 samples (as the writer does from its first block);
-the check (``snapstore.checks.sample_checker``) then runs over pre-built samples, so the figure
+the check (``snapstore.format.checks.sample_checker``) then runs over pre-built samples, so the
+figure
 is the check alone, not the generator's work. Target: <= 3 us per sample for every kind.
 """
 
@@ -49,8 +50,8 @@ KINDS: dict[str, Sample] = {
 
 def measure(make: Sample, n: int, repeat: int) -> float:
     """Microseconds per sample of the check, best of ``repeat`` passes."""
-    from snapstore.checks import sample_checker
-    from snapstore.inference import infer_schema
+    from snapstore.format.checks import sample_checker
+    from snapstore.format.inference import infer_schema
 
     samples = [make(i) for i in range(n)]
     check = sample_checker(infer_schema(samples[:256]))

@@ -26,7 +26,7 @@ from typing import Any
 import numpy as np
 
 import snapstore
-from snapstore.simulate import simulated_store
+from snapstore.storage.simulate import simulated_store
 
 TESTS = Path(__file__).resolve().parent.parent / "tests"
 BATCH = 256

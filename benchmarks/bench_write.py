@@ -111,8 +111,8 @@ def child_generate(workload: str, n: int, **_: Any) -> dict[str, Any]:
 
 
 def child_snap_write(workload: str, n: int, directory: str, **_: Any) -> dict[str, Any]:
-    from snapstore.store import LocalStore
-    from snapstore.writer import SnapshotWriter
+    from snapstore.storage.store import LocalStore
+    from snapstore.write.writer import SnapshotWriter
 
     started = time.perf_counter()
     try:
@@ -161,7 +161,7 @@ def child_memmap_write(workload: str, n: int, directory: str, **_: Any) -> dict[
 
 def child_validate(workload: str, n: int, **_: Any) -> dict[str, Any]:
     """Microseconds per sample of the writer's validation, over pre-built samples."""
-    from snapstore.schema import infer_schema, sample_checker
+    from snapstore.format.schema import infer_schema, sample_checker
 
     samples = list(WORKLOADS[workload](min(n, 20_000)))
     try:

@@ -8,8 +8,8 @@ from typing import Any
 
 import click
 
-from snapstore.listing import root_missing
-from snapstore.store import Store, default_root, open_store
+from snapstore.storage.listing import root_missing
+from snapstore.storage.store import Store, default_root, open_store
 
 __all__ = [
     "Context",

@@ -8,9 +8,9 @@ from typing import Any
 
 import click
 
-from snapstore.catalog import resolve_fingerprint
-from snapstore.copy import CopyResult, copy_snapshot
-from snapstore.store import open_store
+from snapstore.manage.catalog import resolve_fingerprint
+from snapstore.manage.copy import CopyResult, copy_snapshot
+from snapstore.storage.store import open_store
 
 from .common import Context, human_bytes, parse_options
 

@@ -16,11 +16,11 @@ import click
 import numpy as np
 
 import snapstore
-from snapstore.catalog import list_snapshots, resolve_fingerprint
-from snapstore.gc import find_garbage
-from snapstore.prefetch import ReadStats
-from snapstore.simulate import simulated_store
-from snapstore.store import Store
+from snapstore.manage.catalog import list_snapshots, resolve_fingerprint
+from snapstore.manage.gc import find_garbage
+from snapstore.read.prefetch import ReadStats
+from snapstore.storage.simulate import simulated_store
+from snapstore.storage.store import Store
 
 from .common import Context, human_bytes, table
 

@@ -16,17 +16,17 @@ from typing import Any
 
 import click
 
-from snapstore.catalog import (
+from snapstore.errors import BusyError, SnapstoreError
+from snapstore.format.schema import Field
+from snapstore.manage.catalog import (
     describe,
     diff_snapshots,
     list_snapshots,
     remove_snapshot,
     resolve_fingerprint,
 )
-from snapstore.errors import BusyError, SnapstoreError
-from snapstore.gc import Policy, collect_garbage, select_snapshots
-from snapstore.schema import Field
-from snapstore.verify import verify_snapshot
+from snapstore.manage.gc import Policy, collect_garbage, select_snapshots
+from snapstore.manage.verify import verify_snapshot
 
 from .common import (
     Context,

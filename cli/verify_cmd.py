@@ -8,8 +8,8 @@ from typing import Any
 
 import click
 
-from snapstore.catalog import list_fingerprints, resolve_fingerprint
-from snapstore.verify import VerifyReport, verify_snapshot
+from snapstore.manage.catalog import list_fingerprints, resolve_fingerprint
+from snapstore.manage.verify import VerifyReport, verify_snapshot
 
 from .common import Context, human_bytes, no_snapshots
 

@@ -25,7 +25,7 @@ from collections.abc import Iterator
 import numpy as np
 
 import snapstore
-from snapstore.verify import verify_snapshot
+from snapstore.manage.verify import verify_snapshot
 
 EMULATOR_BUCKET = "snapstore-example"
 # The emulator is on 127.0.0.1: talk to it directly, whatever proxies the environment sets.

@@ -9,8 +9,6 @@
 >>> for batch in snap.batches(256, shuffle=True, epoch=0): ...       # doctest: +SKIP
 """
 
-from .batches import BatchReader
-from .declare import nullable
 from .errors import (
     AmbiguousFingerprintError,
     BusyError,
@@ -25,15 +23,15 @@ from .errors import (
     StageError,
     StoreError,
 )
-from .fingerprint import Fingerprint
-from .format import FORMAT_VERSION
-from .inputs import InputError, Inputs, files
-from .options import ReaderOptions
-from .prefetch import ReadStats
-from .schema import Field, Schema
+from .fingerprint import Fingerprint, InputError, Inputs, files
+from .format import FORMAT_VERSION, Field, Schema, nullable
+from .oldpaths import MOVED, install, moved_module
+from .read import BatchReader, ReaderOptions, ReadStats
 from .snapshot import Snapshot, Stage, open, snapshot
-from .store import FsspecStore, LocalStore, RetryPolicy, Store, default_root, open_store
-from .writer import Columns, WriteOptions
+from .storage import FsspecStore, LocalStore, RetryPolicy, Store, default_root, open_store
+from .write import Columns, WriteOptions
+
+install()  # `import snapstore.store` and the other old module paths keep working
 
 __version__ = "0.1.0"
 
@@ -74,3 +72,11 @@ __all__ = [
     "open_store",
     "snapshot",
 ]
+
+
+def __getattr__(name: str) -> object:
+    """``snapstore.store`` and the other modules that moved into subpackages, by their old
+    names (see :mod:`snapstore.oldpaths`)."""
+    if name in MOVED:
+        return moved_module(name)
+    raise AttributeError(f"module 'snapstore' has no attribute {name!r}")

@@ -44,11 +44,11 @@ from typing import Any
 
 import numpy as np
 
-from .columns import RowCopy, gather, nest_batch
+from .format.columns import RowCopy, gather, nest_batch
+from .format.ragged import RaggedRows, check_form, emit
 from .handle import SnapshotHandle
-from .options import ReaderOptions, reader_options
-from .ragged import RaggedRows, check_form, emit
-from .reader import SnapshotReader
+from .read.options import ReaderOptions, reader_options
+from .read.reader import SnapshotReader
 from .snapshot import Snapshot
 
 __all__ = ["SnapshotSource"]

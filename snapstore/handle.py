@@ -8,8 +8,10 @@ process other than the one that opened the snapshot opens it anew there, through
 snapshot (memory maps, decode caches, the event loop of an async filesystem) is never used by
 a child. What the parent read and verified (commit record, manifest, a block index of up to
 16 MiB) travels with the handle, so a worker makes no metadata request: it relies on the
-parent's pin (see :mod:`snapstore.pins`). The handle carries its store with :func:`portable` and
-:func:`reopen`, which live with the stores in :mod:`snapstore.travel` (engine and Ray workers
+parent's pin (see :mod:`snapstore.storage.pins`). The handle carries its store with
+:func:`portable` and
+:func:`reopen`, which live with the stores in :mod:`snapstore.storage.travel` (engine and Ray
+workers
 use them too) and are importable from here as well.
 """
 
@@ -19,9 +21,9 @@ import os
 import socket
 from typing import TYPE_CHECKING, Any
 
-from .claims import process_gone
-from .reader import SnapshotMetadata
-from .travel import portable, reopen
+from .read.reader import SnapshotMetadata
+from .storage.claims import process_gone
+from .storage.travel import portable, reopen
 
 if TYPE_CHECKING:
     from .snapshot import Snapshot

@@ -2,7 +2,7 @@
 
 - :class:`SnapshotDatasink` (for ``Dataset.write_datasink``) writes each write task's blocks as
   one partition of the snapshot and, when every task has finished, assembles and commits them
-  (:mod:`snapstore.partitions`); :func:`write_snapshot` wraps it and skips the pipeline when
+  (:mod:`snapstore.write.partitions`); :func:`write_snapshot` wraps it and skips the pipeline when
   the snapshot is already committed.
 - :class:`RayExecutor` is a :class:`concurrent.futures.Executor` whose calls run as Ray tasks.
 - :func:`read_snapshot` reads a committed snapshot as a Ray Dataset, a range of blocks per
@@ -15,7 +15,8 @@ prompt is Ray's business: set ``RAY_USAGE_STATS_ENABLED=0`` before starting it t
 How a write survives retries. Ray retries a write task (a worker or node dies; with
 ``ray_remote_args={"retry_exceptions": True}`` also an exception) with the same blocks and the
 same task index. Every attempt writes into a run directory of its own
-(:func:`snapstore.writer.new_run_id`) and commits the partition create-if-absent, so an attempt
+(:func:`snapstore.write.writer.new_run_id`) and commits the partition create-if-absent, so an
+attempt
 either becomes the partition or is discarded: no row is ever written twice. Partition ids are
 ``job * 10**6 + task index`` with ``job`` a random number per datasink, so partitions left by
 another job (a concurrent one, or one that failed) are never mixed into this job's snapshot,
@@ -24,7 +25,7 @@ however differently that job split the rows into tasks.
 How a running write is kept from gc. The driver claims the fingerprint in
 :meth:`SnapshotDatasink.on_write_start` and renews the claim on a heartbeat thread until the
 write completes or fails (then it releases the claim, and removes the fingerprint's claims once
-the snapshot is committed). :func:`snapstore.gc.find_garbage` leaves everything of an
+the snapshot is committed). :func:`snapstore.manage.gc.find_garbage` leaves everything of an
 uncommitted fingerprint with a live claim alone, and takes a datasink job's partitions only
 when they are older than its ``min_age`` and no live claim is held. If another live job holds
 the claim (two jobs writing the same data), this job writes anyway, without a claim: its
@@ -60,18 +61,18 @@ except ImportError as exc:  # pragma: no cover - depends on the environment
         f"snapstore.ray needs Ray Data ({exc}); install it with: pip install 'snapstore[ray]'"
     ) from exc
 
-from . import claims
-from . import format as fmt
-from .columns import BlockColumns, column_rows
 from .errors import SchemaError, SnapshotExistsError
-from .fingerprint import Fingerprint, fingerprint_key
+from .fingerprint.digest import Fingerprint, fingerprint_key
+from .format import layout as fmt
+from .format.columns import BlockColumns, column_rows
+from .format.schema import Schema
 from .handle import portable, reopen
-from .partitions import PARTS_DIR, commit_partitions, partition_dir, write_partition
-from .reader import SnapshotReader, load_manifest
-from .schema import Schema
+from .read.reader import SnapshotReader, load_manifest
 from .snapshot import Snapshot, resolve_fingerprint
-from .store import Store, open_store
-from .writer import Columns, WriteOptions
+from .storage import claims
+from .storage.store import Store, open_store
+from .write.partitions import PARTS_DIR, commit_partitions, partition_dir, write_partition
+from .write.writer import Columns, WriteOptions
 
 __all__ = [
     "PartitionWritten",
@@ -166,7 +167,8 @@ class SnapshotDatasink(Datasink[PartitionWritten]):
     name : str
         What the data is; recorded as the stage name.
     key : object
-        Plain data identifying the contents (see :func:`snapstore.fingerprint.fingerprint_key`).
+        Plain data identifying the contents (see
+        :func:`snapstore.fingerprint.digest.fingerprint_key`).
         Writing the same rows under the same name and key gives the same fingerprint, through
         Ray or not.
     version : str, optional
@@ -372,7 +374,7 @@ class SnapshotDatasink(Datasink[PartitionWritten]):
 
         Best effort: a task still running may commit a partition afterwards; its files are
         left (a partition of an uncommitted snapshot that no later job uses), for
-        :func:`snapstore.gc.collect_garbage` to remove once the claim is released.
+        :func:`snapstore.manage.gc.collect_garbage` to remove once the claim is released.
         """
         log.warning("writing snapshot %s through Ray failed: %s", self.fingerprint, error)
         try:

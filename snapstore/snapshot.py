@@ -19,11 +19,6 @@ import weakref
 from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
 from typing import Any, TypeVar, Unpack, overload
 
-from . import claims, pins
-from . import format as fmt
-from .batches import BatchReader
-from .catalog import previous_of_stage, resolve_fingerprint, stored_fingerprint
-from .engines import Engine, PartitionTask, make_engine
 from .errors import (
     BusyError,
     FormatError,
@@ -32,15 +27,16 @@ from .errors import (
     SnapstoreError,
     StageError,
 )
-from .explain import diff_parts
-from .fingerprint import Fingerprint, fingerprint_stage
-from .importname import module_name
-from .options import ReaderOptions, ReaderSettings, reader_options
-from .parallel import PartitionJob, compute_partitions
-from .partitions import commit_partitions, remove_partition_claims
-from .plan import PlanOptions
-from .progress import ProgressArg, Reporter, holder_text, open_reporter, tee
-from .reader import (
+from .fingerprint.digest import Fingerprint, fingerprint_stage
+from .fingerprint.explain import diff_parts
+from .fingerprint.importname import module_name
+from .format import layout as fmt
+from .format.plan import PlanOptions
+from .format.schema import Schema
+from .manage.catalog import previous_of_stage, resolve_fingerprint, stored_fingerprint
+from .read.batches import BatchReader
+from .read.options import ReaderOptions, ReaderSettings, reader_options
+from .read.reader import (
     SnapshotMetadata,
     SnapshotReader,
     load_manifest,
@@ -48,9 +44,13 @@ from .reader import (
     read_record,
     removed_message,
 )
-from .schema import Schema
-from .store import LocalStore, Store, open_store
-from .writer import ProgressCallback, SnapshotWriter, WriteOptions
+from .storage import claims, pins
+from .storage.store import LocalStore, Store, open_store
+from .write.engines import Engine, PartitionTask, make_engine
+from .write.parallel import PartitionJob, compute_partitions
+from .write.partitions import commit_partitions, remove_partition_claims
+from .write.progress import ProgressArg, Reporter, holder_text, open_reporter, tee
+from .write.writer import ProgressCallback, SnapshotWriter, WriteOptions
 
 __all__ = ["Snapshot", "Stage", "open", "resolve_fingerprint", "snapshot"]
 
@@ -151,7 +151,7 @@ class Snapshot:
             Jupyter notebook, none otherwise; True: a display whatever stderr is; False: none.
             A callable is called as ``progress(samples, stored_bytes)`` after each block is
             written (after each partition, for a partitioned stage), and no display is drawn.
-            See :mod:`snapstore.progress`.
+            See :mod:`snapstore.write.progress`.
 
         Returns
         -------
@@ -196,7 +196,7 @@ class Snapshot:
             self._reader = self._new_reader(known)
             if self._guard is None and not self._pinned_elsewhere:
                 # Pinned in the background, so that cleaning never removes the snapshot under
-                # us, while the first blocks are already being read (see snapstore.pins).
+                # us, while the first blocks are already being read (see snapstore.storage.pins).
                 record = self._reader.record
                 self._guard = pins.ReadGuard(self.store, self.fingerprint, record, start=False)
             self._reader.guard = self._guard
@@ -691,7 +691,7 @@ def snapshot(fn: F | None = None, **settings: Any) -> Stage | Callable[[F], Stag
     partition_size : int
         Inputs per partition (default 1).
     engine : {"process", "thread", "ray", "dask"}, Engine or dask Client, optional
-        Where the partitions of a partitioned stage run (see :mod:`snapstore.engines`). By
+        Where the partitions of a partitioned stage run (see :mod:`snapstore.write.engines`). By
         default a pool of spawned processes, one per usable core, falling back to threads
         (with a warning) for a stage that cannot be sent to a process. The engine is not part
         of the fingerprint: any engine writes the same snapshot.

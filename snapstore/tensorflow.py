@@ -33,17 +33,17 @@ except ImportError as exc:  # pragma: no cover - depends on the environment
         f"snapstore.tensorflow needs TensorFlow ({exc}); pip install 'snapstore[tensorflow]'"
     ) from exc
 
-from .batches import BatchReader
 from .errors import ResumeError, SchemaError
-from .options import ReaderOptions, reader_options
-from .schema import Field, Schema
+from .format.schema import Field, Schema
+from .read.batches import BatchReader
+from .read.options import ReaderOptions, reader_options
 from .snapshot import Snapshot
 
 __all__ = ["TFReader", "element_spec", "to_dataset"]
 
 RaggedForm = Literal["ragged", "pad"]
 
-# Every dtype a Schema can hold (snapstore.schema.SUPPORTED_DTYPES) and its TensorFlow dtype.
+# Every dtype a Schema can hold (snapstore.format.schema.SUPPORTED_DTYPES) and its TensorFlow dtype.
 _DTYPES: dict[str, Any] = {
     "bool": tf.bool,
     "int8": tf.int8,

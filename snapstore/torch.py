@@ -33,11 +33,10 @@ except ImportError as exc:  # pragma: no cover - depends on the environment
         f"snapstore.torch needs PyTorch ({exc}); pip install 'snapstore[torch]'"
     ) from exc
 
-from .batches import BatchReader
-from .engines import usable_cores
 from .errors import ResumeError
 from .handle import SnapshotHandle
-from .options import ReaderOptions, reader_options
+from .read.batches import BatchReader
+from .read.options import ReaderOptions, reader_options
 from .snapshot import Snapshot
 from .torch_ragged import (
     RaggedList,
@@ -49,6 +48,7 @@ from .torch_ragged import (
     share_batch,
     shared_tensor,
 )
+from .write.engines import usable_cores
 
 __all__ = ["RaggedList", "SnapshotDataset", "SnapshotIterableDataset", "to_tensors"]
 

@@ -25,8 +25,8 @@ from typing import Any, Literal
 import numpy as np
 import torch
 
-from .ragged import inner_size
-from .schema import Field, Schema
+from .format.ragged import inner_size
+from .format.schema import Field, Schema
 
 __all__ = [
     "TORCH_FORMS",

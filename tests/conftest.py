@@ -10,7 +10,7 @@ import pytest
 from servers import Server, gcs_server, s3_server, webhdfs_server  # noqa: F401 - fixtures
 from webhdfs_server import WebHDFSServer
 
-from snapstore.store import FsspecStore, LocalStore, Store
+from snapstore.storage.store import FsspecStore, LocalStore, Store
 
 
 @pytest.fixture(params=["local", "memory"])

@@ -8,12 +8,12 @@ from typing import Any
 import numpy as np
 
 import snapstore
-from snapstore.batches import RAGGED_FORMS
-from snapstore.plan import PlanOptions
-from snapstore.reader import SnapshotReader
-from snapstore.schema import Field, Schema
-from snapstore.store import Store
-from snapstore.writer import SnapshotWriter, WriteOptions
+from snapstore.format.plan import PlanOptions
+from snapstore.format.schema import Field, Schema
+from snapstore.read.batches import RAGGED_FORMS
+from snapstore.read.reader import SnapshotReader
+from snapstore.storage.store import Store
+from snapstore.write.writer import SnapshotWriter, WriteOptions
 
 # Every form of varying-shape fields the installed BatchReader offers ("list", "pad", ...).
 FORMS = tuple(RAGGED_FORMS)

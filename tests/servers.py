@@ -57,7 +57,7 @@ import pytest
 from webhdfs_server import WebHDFSServer, running_webhdfs
 
 import snapstore
-from snapstore.store import FsspecStore
+from snapstore.storage.store import FsspecStore
 
 BUCKET = "snapstore-test"
 # Plain urllib without the environment's proxies: the servers are on 127.0.0.1.

@@ -12,12 +12,12 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import snapstore
-from snapstore.columns import column_rows
 from snapstore.errors import SchemaError
-from snapstore.reader import SnapshotReader
-from snapstore.schema import Schema
-from snapstore.store import LocalStore, Store
-from snapstore.writer import SnapshotWriter, WriteOptions
+from snapstore.format.columns import column_rows
+from snapstore.format.schema import Schema
+from snapstore.read.reader import SnapshotReader
+from snapstore.storage.store import LocalStore, Store
+from snapstore.write.writer import SnapshotWriter, WriteOptions
 
 SMALL = WriteOptions(block_bytes=600, max_block_bytes=2400, block_min_rows=3)
 RNG = np.random.default_rng(0)

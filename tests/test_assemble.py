@@ -1,4 +1,5 @@
-"""Batches assembled on the assembler thread (snapstore.assemble, snapstore.handoff) equal what the
+"""Batches assembled on the assembler thread (snapstore.read.assemble, snapstore.format.handoff)
+equal what the
 former consumer-thread assembly made, exactly (types, dtypes, shapes, key order), for every field
 kind and any seed, epoch, rank and worker split; and every sample in them equals ``sample(i)``
 in the plan's order. Errors reach the consumer unchanged; closing mid-epoch stops the threads."""
@@ -18,13 +19,13 @@ from kinds_oracle import FORMS, assert_same, row_of, write_rows
 from test_sample_kinds_roundtrip import datasets
 
 import snapstore
-from snapstore.assemble import BatchBuilder, allocate_arrays
-from snapstore.columns import RowCopy, gather, nest_batch
-from snapstore.handoff import Handoff
-from snapstore.plan import PlanOptions
-from snapstore.ragged import RaggedRows, emit
-from snapstore.reader import SnapshotReader
-from snapstore.store import LocalStore
+from snapstore.format.columns import RowCopy, gather, nest_batch
+from snapstore.format.handoff import Handoff
+from snapstore.format.plan import PlanOptions
+from snapstore.format.ragged import RaggedRows, emit
+from snapstore.read.assemble import BatchBuilder, allocate_arrays
+from snapstore.read.reader import SnapshotReader
+from snapstore.storage.store import LocalStore
 
 # -- the former assembly, kept here as the reference -------------------------------------------
 

@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 
 import snapstore
-from snapstore.store import Store
-from snapstore.writer import WriteOptions
+from snapstore.storage.store import Store
+from snapstore.write.writer import WriteOptions
 
 
 def stage(n: int):
@@ -162,7 +162,7 @@ def test_ragged_pad_of_higher_rank_fields(tmp_path) -> None:
 
 def test_stats_describe_the_pass(snap, caplog) -> None:
     reader = snap.batches(100, shuffle=True)
-    with caplog.at_level("DEBUG", logger="snapstore.batches"):
+    with caplog.at_level("DEBUG", logger="snapstore.read.batches"):
         for _ in reader:
             pass
     stats = reader.stats()

@@ -20,7 +20,7 @@ from servers import Server, child_env
 
 import snapstore
 from snapstore.errors import SnapshotNotFoundError, StoreError
-from snapstore.store import FsspecStore, open_store
+from snapstore.storage.store import FsspecStore, open_store
 
 N = 600
 # Many small blocks in several small shards: many range reads, small objects (moto copies the

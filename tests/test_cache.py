@@ -23,17 +23,17 @@ import numpy as np
 import pytest
 
 import snapstore
-from snapstore.cache import (
+from snapstore.read.reader import SnapshotReader
+from snapstore.storage.cache import (
     BlockCache,
     CachedStore,
     block_key,
     cached_store,
     default_cache_dir,
 )
-from snapstore.reader import SnapshotReader
-from snapstore.simulate import simulated_store
-from snapstore.store import FsspecStore, LocalStore, Store
-from snapstore.writer import WriteOptions
+from snapstore.storage.simulate import simulated_store
+from snapstore.storage.store import FsspecStore, LocalStore, Store
+from snapstore.write.writer import WriteOptions
 
 N = 2000
 HEADER = 64  # bytes of an entry's header
@@ -133,13 +133,13 @@ def test_a_limit_below_one_block_bypasses_the_cache_and_warns_once(
     root, fingerprint, blocks, _ = written
     store = cached_store(simulated_store(root, ttfb=0.0), tmp_path / "cache", 100)
     with (
-        caplog.at_level(logging.WARNING, "snapstore.cache"),
+        caplog.at_level(logging.WARNING, "snapstore.storage.cache"),
         snapstore.open(fingerprint, root=store) as snap,
     ):
         for epoch in range(2):
             assert epoch_ids(snap, epoch) == reference(root, fingerprint, epoch)
     assert store.hits == 0 and store.misses >= 2 * blocks
-    warnings = [r for r in caplog.records if r.name == "snapstore.cache"]
+    warnings = [r for r in caplog.records if r.name == "snapstore.storage.cache"]
     assert len(warnings) == 1 and "does not fit" in warnings[0].getMessage()
     assert files_under(tmp_path / "cache") == []
 
@@ -158,7 +158,7 @@ def test_a_failing_cache_disk_only_costs_the_cache(
     monkeypatch.setattr(os, "replace", full)
     store = cached_store(simulated_store(root, ttfb=0.0), tmp_path / "cache", 1 << 30)
     with (
-        caplog.at_level(logging.WARNING, "snapstore.cache"),
+        caplog.at_level(logging.WARNING, "snapstore.storage.cache"),
         snapstore.open(fingerprint, root=store) as snap,
     ):
         assert epoch_ids(snap, 0) == reference(root, fingerprint, 0)

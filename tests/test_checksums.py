@@ -13,13 +13,13 @@ import pytest
 from golden_samples import GOLDEN_V1, GOLDEN_V2
 
 import snapstore
-from snapstore import format as fmt
-from snapstore.checksums import CHECKSUMS, CRC32, CRC32C, WRITTEN, snapshot_checksum
 from snapstore.errors import CorruptBlockError, FormatError
-from snapstore.partitions import commit_partitions, partition_dir, write_partition
-from snapstore.reader import SnapshotReader
-from snapstore.store import LocalStore
-from snapstore.writer import SnapshotWriter, WriteOptions
+from snapstore.format import layout as fmt
+from snapstore.format.checksums import CHECKSUMS, CRC32, CRC32C, WRITTEN, snapshot_checksum
+from snapstore.read.reader import SnapshotReader
+from snapstore.storage.store import LocalStore
+from snapstore.write.partitions import commit_partitions, partition_dir, write_partition
+from snapstore.write.writer import SnapshotWriter, WriteOptions
 
 GOLDEN = Path(__file__).with_name("golden")
 
@@ -142,7 +142,7 @@ def test_unknown_algorithm_is_a_clear_format_error(tmp_path: Path, found: object
 def test_software_crc32c_is_not_silent() -> None:
     """Without the CPU instruction (simulated through the crc32c package's own switch), the
     checksums are still right and importing snapstore logs a warning (never silently slow)."""
-    code = "import snapstore.checksums as c; assert c.CRC32C(b'123456789') == 0xE3069283"
+    code = "import snapstore.format.checksums as c; assert c.CRC32C(b'123456789') == 0xE3069283"
     env = {**os.environ, "CRC32C_SKIP_HW_PROBE": "1"}
     out = subprocess.run(
         [sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120

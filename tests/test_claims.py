@@ -18,12 +18,12 @@ import pytest
 from click.testing import CliRunner
 
 import snapstore
-from snapstore import claims
-from snapstore.catalog import list_snapshots
 from snapstore.cli.main import main
 from snapstore.errors import BusyError
-from snapstore.gc import collect_garbage, find_garbage
-from snapstore.store import LocalStore, Store
+from snapstore.manage.catalog import list_snapshots
+from snapstore.manage.gc import collect_garbage, find_garbage
+from snapstore.storage import claims
+from snapstore.storage.store import LocalStore, Store
 
 FP = "f" * 32
 
@@ -571,7 +571,7 @@ def test_local_create_if_absent_tries_again_when_the_file_it_met_vanishes(
 ) -> None:
     """Two jobs start together; the winner's stage fails at once and its cleanup removes the
     claim between the loser's failed link and its read of the file: the loser claims."""
-    from snapstore.store import LocalStore
+    from snapstore.storage.store import LocalStore
 
     store = LocalStore(tmp_path)
     store.write_bytes("fp/claims/claim-00000000", b"the winner's")

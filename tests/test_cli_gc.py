@@ -10,8 +10,8 @@ from click.testing import CliRunner
 
 import snapstore
 from snapstore.cli.main import main
-from snapstore.gc import Policy, select_snapshots
-from snapstore.store import LocalStore, Store
+from snapstore.manage.gc import Policy, select_snapshots
+from snapstore.storage.store import LocalStore, Store
 
 DAY = 86400.0
 NOW = 1_800_000_000.0
@@ -206,8 +206,8 @@ def test_info_verify_fails_on_a_damaged_block(tmp_path: Path) -> None:
 
 
 def test_a_partitioned_snapshot_part_written_is_listed_and_removable(tmp_path: Path) -> None:
-    from snapstore import claims
-    from snapstore.partitions import partition_dir, write_partition
+    from snapstore.storage import claims
+    from snapstore.write.partitions import partition_dir, write_partition
 
     store = LocalStore(tmp_path)
     fp = "a" * 32

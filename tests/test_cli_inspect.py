@@ -11,7 +11,7 @@ from click.testing import CliRunner
 
 import snapstore
 from snapstore.cli.main import main
-from snapstore.store import Store
+from snapstore.storage.store import Store
 
 
 def mixed(n: int):

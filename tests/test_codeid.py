@@ -22,7 +22,7 @@ import pytest
 from test_fingerprint import configure, fp  # the shared call helpers of the fingerprint tests
 
 from snapstore.errors import FingerprintError
-from snapstore.fingerprint import (
+from snapstore.fingerprint.digest import (
     Fingerprint,
     diff_parts,
     fingerprint_stage,
@@ -232,7 +232,7 @@ def test_library_code_is_identified_by_version(
 
 
 def test_library_and_user_modules_are_told_apart_by_location(user_modules: Any) -> None:
-    from snapstore import codeid
+    from snapstore.fingerprint import codeid
 
     helpers = user_modules(TREE) and sys.modules["fpx_helpers"]
     assert codeid.package_of(helpers) is None
@@ -272,7 +272,7 @@ def test_mutual_recursion_and_self_reference_terminate(user_modules: Any) -> Non
 def test_helpers_too_deep_are_a_clear_error(
     user_modules: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from snapstore import codeid
+    from snapstore.fingerprint import codeid
 
     chain = "\n".join(f"def f{i}(x):\n    return f{i + 1}(x)\n" for i in range(8))
     tree = {"fpx_stage": chain + "\ndef f8(x):\n    return x\n\ndef stage(p):\n    yield f0(p)\n"}
@@ -434,7 +434,7 @@ def test_wrappers_lambdas_and_caches(user_modules: Any) -> None:
 
 
 def test_lambda_in_a_multiline_call_has_source() -> None:
-    from snapstore import codeid
+    from snapstore.fingerprint import codeid
 
     fn = functools.partial(
         sorted,
@@ -539,7 +539,7 @@ def test_same_code_in_another_directory_and_process(tmp_path: Path, user_modules
         "import sys\n"
         "sys.path.insert(0, sys.argv[1])\n"
         "import fpx_stage\n"
-        "from snapstore.fingerprint import fingerprint_stage\n"
+        "from snapstore.fingerprint.digest import fingerprint_stage\n"
         "f = fingerprint_stage(fpx_stage.stage, (['a'],), {}, format_version=1)\n"
         "print(f.digest, f.parts['code'])\n"
     )
@@ -623,7 +623,7 @@ def test_inputs_and_upstream_diff_sentences(monkeypatch: pytest.MonkeyPatch) -> 
         "inputs 'paths' added",
         "upstream 'tokens' added",
     ]
-    from snapstore import fingerprint
+    from snapstore.fingerprint import digest as fingerprint
 
     monkeypatch.setattr(fingerprint, "_MAX_INPUT_DETAILS", 5)
     big_old = fingerprint_stage(reads, (FakeInputs(items),), {}, format_version=1)

@@ -15,10 +15,10 @@ import numpy as np
 import pytest
 
 import snapstore
-import snapstore.catalog
+import snapstore.manage.catalog
 from snapstore.errors import SnapshotNotFoundError
-from snapstore.store import LocalStore, Store
-from snapstore.writer import SnapshotWriter, WriteOptions
+from snapstore.storage.store import LocalStore, Store
+from snapstore.write.writer import SnapshotWriter, WriteOptions
 
 
 def visible(store: Store, fp: str) -> bool:
@@ -79,7 +79,7 @@ def test_losing_writer_discards_its_run(store: Store) -> None:
 KILL_SCRIPT = textwrap.dedent(
     """
     import sys, numpy as np, snapstore
-    from snapstore.writer import WriteOptions
+    from snapstore.write.writer import WriteOptions
 
     def slow(n):
         for i in range(n):
@@ -159,7 +159,7 @@ def kill_at_random_moments(tmp_path: Path, runs: int, seed: int) -> dict[str, in
     duration = time.perf_counter() - began
     fp = out.split()[0]
     for _ in range(runs):
-        snapstore.catalog.remove_snapshot(LocalStore(root), fp)
+        snapstore.manage.catalog.remove_snapshot(LocalStore(root), fp)
         proc = run_writer(tmp_path, root, "finite")
         time.sleep(rng.uniform(0, duration * 1.1))
         proc.kill()

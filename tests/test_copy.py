@@ -1,4 +1,4 @@
-"""Copying snapshots between stores: snapstore.copy and `snapstore cp`."""
+"""Copying snapshots between stores: snapstore.manage.copy and `snapstore cp`."""
 
 from __future__ import annotations
 
@@ -13,15 +13,15 @@ import pytest
 from click.testing import CliRunner
 
 import snapstore
-from snapstore import format as fmt
-from snapstore.checksums import CRC32, CRC32C, Checksum
 from snapstore.cli.common import parse_options
 from snapstore.cli.main import main
-from snapstore.copy import _BlockChecker, copy_run_name, copy_snapshot
 from snapstore.errors import CorruptBlockError, SnapshotNotFoundError, StoreError
-from snapstore.reader import load_manifest
-from snapstore.store import FsspecStore, LocalStore, Store, open_store
-from snapstore.writer import WriteOptions
+from snapstore.format import layout as fmt
+from snapstore.format.checksums import CRC32, CRC32C, Checksum
+from snapstore.manage.copy import _BlockChecker, copy_run_name, copy_snapshot
+from snapstore.read.reader import load_manifest
+from snapstore.storage.store import FsspecStore, LocalStore, Store, open_store
+from snapstore.write.writer import WriteOptions
 
 # Small blocks and shards: a few hundred samples make several shards of several blocks.
 SMALL = WriteOptions(shard_bytes=4096, block_bytes=1024, block_min_rows=1, compression_level=0)

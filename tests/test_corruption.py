@@ -8,11 +8,11 @@ import numpy as np
 import pytest
 
 import snapstore
-from snapstore import format as fmt
 from snapstore.errors import CorruptBlockError, FormatError, SnapshotNotFoundError
-from snapstore.reader import SnapshotReader
-from snapstore.store import LocalStore
-from snapstore.writer import SnapshotWriter, WriteOptions
+from snapstore.format import layout as fmt
+from snapstore.read.reader import SnapshotReader
+from snapstore.storage.store import LocalStore
+from snapstore.write.writer import SnapshotWriter, WriteOptions
 
 
 @pytest.fixture

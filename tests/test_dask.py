@@ -21,9 +21,9 @@ distributed = pytest.importorskip(
 from killjob import JOB_STAGE, kill_mid_way, left_behind, started  # noqa: E402
 
 import snapstore  # noqa: E402
-from snapstore.engines import DaskEngine  # noqa: E402
-from snapstore.gc import find_garbage  # noqa: E402
-from snapstore.partitions import partition_dir  # noqa: E402
+from snapstore.manage.gc import find_garbage  # noqa: E402
+from snapstore.write.engines import DaskEngine  # noqa: E402
+from snapstore.write.partitions import partition_dir  # noqa: E402
 
 
 @pytest.fixture(scope="module")

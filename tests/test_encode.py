@@ -1,4 +1,4 @@
-"""Column building (snapstore.encode): numeric columns over their bytes, without pandas."""
+"""Column building (snapstore.format.encode): numeric columns over their bytes, without pandas."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from snapstore.encode import numeric_array
+from snapstore.format.encode import numeric_array
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 
@@ -37,8 +37,8 @@ def test_a_numeric_write_does_not_import_pandas(tmp_path: Path) -> None:
     script = f"""
 import sys
 import numpy as np
-from snapstore.store import LocalStore
-from snapstore.writer import SnapshotWriter
+from snapstore.storage.store import LocalStore
+from snapstore.write.writer import SnapshotWriter
 writer = SnapshotWriter(LocalStore({str(tmp_path)!r}), "fp")
 for i in range(300):
     writer.add({{"x": np.full(i % 7, i, np.int32), "img": np.zeros((2, 2), np.uint8),

@@ -17,7 +17,7 @@ import pytest
 import threadpoolctl
 
 import snapstore
-from snapstore.engines import THREAD_VARIABLES, ProcessEngine, thread_pool_env, usable_cores
+from snapstore.write.engines import THREAD_VARIABLES, ProcessEngine, thread_pool_env, usable_cores
 
 try:
     import torch

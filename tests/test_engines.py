@@ -24,7 +24,7 @@ import pytest
 from killjob import kill_mid_way, left_behind, started
 
 import snapstore
-from snapstore.engines import (
+from snapstore.write.engines import (
     CannotTravelError,
     FunctionRef,
     ProcessEngine,
@@ -32,7 +32,7 @@ from snapstore.engines import (
     make_engine,
     usable_cores,
 )
-from snapstore.partitions import partition_done
+from snapstore.write.partitions import partition_done
 
 
 def squares(items: list[int], log: str = "", fail_at: int = -1, crash_at: int = -1):
@@ -153,8 +153,8 @@ def test_what_cannot_travel_is_refused_clearly(tmp_path: Path) -> None:
 
     engine = ProcessEngine(2)
     task_args = {"items": [1], "handle": lock}
-    from snapstore.engines import PartitionTask
-    from snapstore.store import open_store
+    from snapstore.storage.store import open_store
+    from snapstore.write.engines import PartitionTask
 
     task = PartitionTask(squares, "squares", (), task_args, open_store(tmp_path), "f" * 32, 0)
     with pytest.raises(CannotTravelError, match="do not pickle"):
@@ -272,10 +272,10 @@ class BrokenPool:
 def test_a_pool_broken_between_partitions_is_reported(tmp_path: Path) -> None:
     from concurrent.futures import Future
 
-    from snapstore import claims
-    from snapstore.engines import PartitionTask
-    from snapstore.parallel import PartitionJob, _launch
-    from snapstore.store import LocalStore
+    from snapstore.storage import claims
+    from snapstore.storage.store import LocalStore
+    from snapstore.write.engines import PartitionTask
+    from snapstore.write.parallel import PartitionJob, _launch
 
     store = LocalStore(tmp_path)
     tasks = [PartitionTask(squares, "squares", ([p],), {}, store, "f" * 32, p) for p in range(3)]

@@ -13,7 +13,7 @@ from click.testing import CliRunner
 
 import snapstore
 from snapstore.cli.main import main
-from snapstore.writer import WriteOptions
+from snapstore.write.writer import WriteOptions
 
 
 def tokens(n: int, max_len: int = 8):

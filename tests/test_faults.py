@@ -19,8 +19,14 @@ from fsspec.utils import stringify_path
 
 import snapstore
 from snapstore.errors import SnapshotNotFoundError, StoreError
-from snapstore.store import FsspecStore, RetryPolicy, _SpooledUpload, classify_failure, open_store
-from snapstore.writer import WriteOptions
+from snapstore.storage.store import (
+    FsspecStore,
+    RetryPolicy,
+    _SpooledUpload,
+    classify_failure,
+    open_store,
+)
+from snapstore.write.writer import WriteOptions
 
 FAST = RetryPolicy(attempts=4, base=0.001, cap=0.005)
 

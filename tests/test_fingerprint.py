@@ -1,4 +1,5 @@
-"""Tests for snapstore.fingerprint: canonical value hashing, code identity, stage fingerprints."""
+"""Tests for snapstore.fingerprint.digest: canonical value hashing, code identity, stage
+fingerprints."""
 
 from __future__ import annotations
 
@@ -30,7 +31,7 @@ from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
 from snapstore.errors import FingerprintError, FormatError
-from snapstore.fingerprint import (
+from snapstore.fingerprint.digest import (
     FINGERPRINT_SCHEME,
     Fingerprint,
     diff_parts,
@@ -452,7 +453,7 @@ SCRIPT = f"""
 import sys
 sys.path.insert(0, sys.argv[1])
 import stagemod
-from snapstore.fingerprint import fingerprint_stage, hash_value
+from snapstore.fingerprint.digest import fingerprint_stage, hash_value
 words = set({SCRIPT_WORDS!r})
 cfg = {{"b": 2, "a": [1.5, None], "words": frozenset(words)}}
 f = fingerprint_stage(stagemod.stage, (sorted(words),), {{"n": 3}}, format_version=1)

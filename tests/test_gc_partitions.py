@@ -9,11 +9,11 @@ from pathlib import Path
 import pytest
 
 import snapstore
-from snapstore import format as fmt
-from snapstore.claims import acquire
-from snapstore.gc import Garbage, collect_garbage, find_garbage
-from snapstore.partitions import PARTS_DIR, commit_partitions, partition_dir, write_partition
-from snapstore.store import LocalStore, Store
+from snapstore.format import layout as fmt
+from snapstore.manage.gc import Garbage, collect_garbage, find_garbage
+from snapstore.storage.claims import acquire
+from snapstore.storage.store import LocalStore, Store
+from snapstore.write.partitions import PARTS_DIR, commit_partitions, partition_dir, write_partition
 
 HOUR = 3600.0
 FP = "f" * 32

@@ -14,8 +14,8 @@ pygrain = pytest.importorskip("grain.python")
 
 import snapstore  # noqa: E402
 from snapstore.grain import SnapshotSource  # noqa: E402
-from snapstore.reader import SnapshotReader  # noqa: E402
-from snapstore.store import FsspecStore  # noqa: E402
+from snapstore.read.reader import SnapshotReader  # noqa: E402
+from snapstore.storage.store import FsspecStore  # noqa: E402
 
 N = 50
 

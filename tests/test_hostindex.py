@@ -16,12 +16,12 @@ import numpy as np
 import pytest
 
 import snapstore
-from snapstore import format as fmt
-from snapstore import hostindex
 from snapstore.errors import FormatError
-from snapstore.reader import SnapshotReader
-from snapstore.store import LocalStore
-from snapstore.writer import WriteOptions
+from snapstore.format import layout as fmt
+from snapstore.read.reader import SnapshotReader
+from snapstore.storage import hostindex
+from snapstore.storage.store import LocalStore
+from snapstore.write.writer import WriteOptions
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -153,7 +153,7 @@ def test_corrupt_copy_is_removed_and_refetched(
     copy = the_copy(index_dir)
     damage(copy)
     assert not hostindex.verify(copy)
-    with caplog.at_level(logging.WARNING, logger="snapstore.hostindex"):
+    with caplog.at_level(logging.WARNING, logger="snapstore.storage.hostindex"):
         reader, store = open_reader(built)
     assert index_reads(store) == 1  # fetched again
     assert "removing it and reading again" in caplog.text
@@ -197,7 +197,7 @@ def test_unwritable_directory_keeps_the_index_in_memory(
     blocker.write_bytes(b"")
     monkeypatch.setenv(hostindex.INDEX_DIR_ENV, str(blocker / "index"))  # even root cannot
     index, offsets = expected(built)
-    with caplog.at_level(logging.DEBUG, logger="snapstore.hostindex"):
+    with caplog.at_level(logging.DEBUG, logger="snapstore.storage.hostindex"):
         readers = [open_reader(built)[0] for _ in range(3)]
     for reader in readers:
         assert np.array_equal(reader.index, index) and np.array_equal(reader.offsets, offsets)
@@ -231,8 +231,8 @@ def test_processes_racing_to_make_the_copy(built, index_dir: Path) -> None:
         f"""
         import sys, time
         from snapstore import hostindex
-        from snapstore.reader import SnapshotReader
-        from snapstore.store import LocalStore
+        from snapstore.read.reader import SnapshotReader
+        from snapstore.storage.store import LocalStore
         hostindex.MIN_BLOCKS, hostindex._CHUNK_ROWS = 4, 3
         while time.time() < float(sys.argv[1]):
             pass

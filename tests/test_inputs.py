@@ -1,4 +1,4 @@
-"""Tests for snapstore.inputs: declared inputs, stable names and per-store identity."""
+"""Tests for snapstore.fingerprint.inputs: declared inputs, stable names and per-store identity."""
 
 from __future__ import annotations
 
@@ -19,8 +19,8 @@ import pytest
 from fsspec.implementations.memory import MemoryFileSystem
 
 from snapstore.errors import FingerprintError, SnapstoreError, StoreError
-from snapstore.fingerprint import hash_value
-from snapstore.inputs import InputError, Inputs, files
+from snapstore.fingerprint.digest import hash_value
+from snapstore.fingerprint.inputs import InputError, Inputs, files
 
 
 def write(path: Path, data: bytes, mtime_ns: int | None = None) -> None:

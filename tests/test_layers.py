@@ -1,23 +1,22 @@
 """The package's layers, and a check that each module imports only from its layer or below.
 
-Every module of ``snapstore/`` (and of ``cli/``) sits in one layer, bottom to top. A module may
-import from its own layer and the layers below it, never from one above, and the imports among
-modules may form no circle. Imports inside functions count: a lazy import is a dependency all
-the same, only a later one. The README's "Architecture" paragraph draws the same map.
+The layers are the subpackages of ``snapstore/`` (``format``, ``storage``, ``fingerprint``,
+``read``, ``write``, ``manage``), with a few top-level modules at the bottom (``errors``) and at
+the top (the API, the integrations, and the click app in ``cli/``, installed as
+``snapstore.cli``). A module may import from its own layer and the layers below it, never from
+one above, and the imports among modules may form no circle. Imports inside functions count: a
+lazy import is a dependency all the same, only a later one. The README's "Architecture"
+paragraph draws the same map.
 
 Two kinds of import are not dependencies:
 
-- imports under ``if TYPE_CHECKING:``, which never run: they name a type for an annotation
-  (``trees`` annotates with :class:`~snapstore.store.Store`, ``explain`` with
-  :class:`~snapstore.fingerprint.Fingerprint`, ``codeid`` with the value hasher it calls
-  back, ``handle`` with :class:`~snapstore.Snapshot`). They are left out of the circle check
-  (each of those four points back to a module of its own layer that imports it), but they
-  may not point to a layer above, nor name a private type; when the layers become
-  subpackages, a ``Protocol`` in the lower module can replace each of them.
+- imports under ``if TYPE_CHECKING:``, which never run: they name a type for an annotation. They
+  are left out of the circle check, but they may not point to a layer above, nor name a
+  private type.
 - names loaded from a string by :func:`importlib.import_module`, which is how a lower layer
   reaches an optional module above it without depending on it (the store's protocol registry
-  opens ``webhdfs://`` through :mod:`snapstore.webhdfs`, the engine registry runs Ray through
-  :mod:`snapstore.ray`), as fsspec's ``known_implementations`` does.
+  opens ``webhdfs://`` through :mod:`snapstore.storage.webhdfs`, the engine registry runs Ray
+  through :mod:`snapstore.ray`), as fsspec's ``known_implementations`` does.
 
 No module imports a name starting with an underscore from another module: what modules share
 has a public name.
@@ -33,35 +32,50 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 
-# Bottom to top. The README's architecture diagram lists the same modules.
+# Bottom to top: each layer is a subpackage (all its modules) or a list of top-level modules.
+# The README's architecture diagram draws the same.
 LAYERS: dict[str, tuple[str, ...]] = {
-    "format": (  # samples, schemas, columns and blocks on disk; no I/O beyond a file
-        "errors", "checksums", "format", "plan", "lists", "fields", "declare", "schema", "scalars",
-        "arraylike", "inference", "checks", "encode", "ragged", "columns", "handoff",
-    ),
-    "storage": (  # where bytes live: stores, retries, caches, and the leases kept in them
-        "retry", "roots", "trees", "store", "webhdfs", "cache", "simulate", "listing",
-        "hostindex", "travel", "claims", "pins",
-    ),
-    "fingerprint": (  # what a stage's result is named by
-        "importname", "hashing", "codeid", "explain", "fingerprint", "inputs",
-    ),
-    "read": ("prefetch", "reader", "assemble", "batches", "options"),
-    "write": ("writer", "partitions", "progress", "engines", "parallel"),
-    "manage": ("catalog", "gc", "verify", "copy"),
+    "base": ("errors", "oldpaths"),
+    "format": ("format/",),
+    "storage": ("storage/",),
+    "fingerprint": ("fingerprint/",),
+    "read": ("read/",),
+    "write": ("write/",),
+    "manage": ("manage/",),
     "api": ("snapshot", "handle", "__init__"),
     "integrations": ("torch_ragged", "torch", "grain", "tensorflow", "ray"),
-    "cli": ("cli.common", "cli.inspect_cmd", "cli.verify_cmd", "cli.copy_cmd", "cli.main",
-            "cli.__init__"),
-}  # fmt: skip
-LAYER_OF = {module: n for n, modules in enumerate(LAYERS.values()) for module in modules}
+    "cli": ("cli/",),
+}
 LAYER_NAMES = list(LAYERS)
 
 
 def _modules() -> dict[str, Path]:
-    found = {p.stem: p for p in sorted((ROOT / "snapstore").glob("*.py"))}
-    found.update({f"cli.{p.stem}": p for p in sorted((ROOT / "cli").glob("*.py"))})
+    """Dotted module name -> file, for ``snapstore`` (a package as its ``__init__``) and the
+    click app (which installs as ``snapstore.cli``)."""
+    found: dict[str, Path] = {}
+    for path in sorted((ROOT / "snapstore").rglob("*.py")):
+        parts = ["snapstore", *path.relative_to(ROOT / "snapstore").with_suffix("").parts]
+        found[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
+    for path in sorted((ROOT / "cli").glob("*.py")):
+        found["snapstore.cli" + ("" if path.stem == "__init__" else f".{path.stem}")] = path
     return found
+
+
+MODULES = _modules()
+
+
+def _layer_of(module: str) -> str | None:
+    """``snapstore.storage.store`` and ``snapstore.storage`` are in layer storage,
+    ``snapstore.errors`` in base, ``snapstore`` (its ``__init__``) in api."""
+    parts = module.split(".")
+    top = parts[1] if len(parts) > 1 else "__init__"
+    for name, members in LAYERS.items():
+        if f"{top}/" in members or (len(parts) <= 2 and top in members):
+            return name
+    return None
+
+
+LAYER_OF = {module: LAYER_NAMES.index(n) for module in MODULES if (n := _layer_of(module))}
 
 
 def _type_checking_nodes(tree: ast.Module) -> set[int]:
@@ -72,6 +86,13 @@ def _type_checking_nodes(tree: ast.Module) -> set[int]:
     return skipped
 
 
+def _known(dotted: str) -> str:
+    """The module ``dotted`` names, or the nearest package or module above it."""
+    while dotted not in MODULES and "." in dotted:
+        dotted = dotted.rsplit(".", 1)[0]
+    return dotted
+
+
 def _imports(
     module: str, path: Path, type_checking: bool = False
 ) -> Iterator[tuple[str, str, int]]:
@@ -79,53 +100,53 @@ def _imports(
     under ``if TYPE_CHECKING:`` included only if ``type_checking``."""
     tree = ast.parse(path.read_text(), str(path))
     skipped = set() if type_checking else _type_checking_nodes(tree)
-    package = "cli" if module.startswith("cli.") else "snapstore"
+    package = module if path.name == "__init__.py" else module.rsplit(".", 1)[0]
     for node in ast.walk(tree):
         if id(node) in skipped:
             continue
         if isinstance(node, ast.Import):
             for alias in node.names:
-                parts = alias.name.split(".")
-                if parts[0] in ("snapstore", "cli") and len(parts) > 1:
-                    yield _qualified(parts[0], parts[1]), "", node.lineno
+                if alias.name.split(".")[0] == "snapstore":
+                    yield _known(alias.name), "", node.lineno
         elif isinstance(node, ast.ImportFrom):
-            if node.level == 1:
-                base, parts = package, (node.module or "").split(".")
-            elif (
-                node.level == 0
-                and node.module
-                and node.module.split(".")[0]
-                in (
-                    "snapstore",
-                    "cli",
-                )
-            ):
-                base, parts = node.module.split(".")[0], node.module.split(".")[1:]
+            if node.level:
+                parts = package.split(".")
+                base = ".".join(parts[: len(parts) - node.level + 1])
+                base = f"{base}.{node.module}" if node.module else base
+            elif node.module and node.module.split(".")[0] == "snapstore":
+                base = node.module
             else:
                 continue
             for alias in node.names:
-                if parts and parts[0]:
-                    yield _qualified(base, parts[0]), alias.name, node.lineno
-                elif _qualified(base, alias.name) in LAYER_OF:  # from . import format
-                    yield _qualified(base, alias.name), "", node.lineno
-                else:  # from snapstore import Snapshot
-                    yield _qualified(base, "__init__"), alias.name, node.lineno
-
-
-def _qualified(package: str, module: str) -> str:
-    return module if package == "snapstore" else f"cli.{module}"
+                if f"{base}.{alias.name}" in MODULES:  # from .format import layout
+                    yield f"{base}.{alias.name}", "", node.lineno
+                else:  # from .format.layout import COMMIT_NAME, from snapstore import Snapshot
+                    yield _known(base), alias.name, node.lineno
 
 
 def _graph(type_checking: bool = False) -> dict[str, list[tuple[str, str, int]]]:
-    return {m: list(_imports(m, p, type_checking)) for m, p in _modules().items()}
+    return {m: list(_imports(m, p, type_checking)) for m, p in MODULES.items()}
 
 
 def test_every_module_has_a_layer() -> None:
-    missing = sorted(set(_modules()) - set(LAYER_OF))
+    missing = sorted(set(MODULES) - set(LAYER_OF))
     assert not missing, (
-        f"modules {missing} are in no layer: add each to LAYERS in tests/test_layers.py (the "
-        "lowest layer whose modules it may import) and to the README's architecture diagram"
+        f"modules {missing} are in no layer: put each in the subpackage of the lowest layer "
+        "whose modules it may import (or add a top-level module to LAYERS in "
+        "tests/test_layers.py and to the README's architecture diagram)"
     )
+
+
+def test_the_map_sees_every_layer_and_import() -> None:
+    """The checks below are only as good as the import reader: it must resolve relative and
+    absolute imports of every form to modules that exist."""
+    assert {LAYER_NAMES[n] for n in LAYER_OF.values()} == set(LAYER_NAMES)
+    graph = _graph(type_checking=True)
+    targets = {t for imports in graph.values() for t, _, _ in imports}
+    assert targets <= set(MODULES), sorted(targets - set(MODULES))
+    assert ("snapstore.format.layout", "", 0) not in graph["snapstore.read.reader"]
+    reader = {t for t, _, _ in graph["snapstore.read.reader"]}
+    assert {"snapstore.format.layout", "snapstore.storage.store", "snapstore.errors"} <= reader
 
 
 def test_no_module_imports_from_a_layer_above() -> None:
@@ -191,6 +212,7 @@ def test_circle_finder(graph: dict[str, set[str]], expected: list[str] | None) -
 
 
 def test_readme_draws_the_same_layers() -> None:
+    """The README's diagram names each layer (top down) and, for a subpackage, its modules."""
     text = (ROOT / "README.md").read_text()
     diagram = text.split("## Architecture", 1)[1].split("```text\n", 1)[1].split("```", 1)[0]
     drawn: dict[str, list[str]] = {}
@@ -199,7 +221,16 @@ def test_readme_draws_the_same_layers() -> None:
         if not line.startswith(" "):
             layer, _, line = line.partition(" ")
         names = line.split("(", 1)[0].replace(",", " ").split()
-        drawn.setdefault(layer, []).extend(names)
+        drawn.setdefault(layer.rstrip("/"), []).extend(names)
     assert list(drawn) == list(reversed(LAYER_NAMES)), "the README draws the layers top down"
-    for name, modules in LAYERS.items():
-        assert sorted(drawn[name]) == sorted(modules), f"layer {name} in README.md"
+    for name, members in LAYERS.items():
+        expected = (
+            [
+                module.rsplit(".", 1)[1]
+                for module in MODULES
+                if LAYER_OF.get(module) == LAYER_NAMES.index(name) and module.count(".") == 2
+            ]
+            if members[0].endswith("/")
+            else list(members)
+        )
+        assert sorted(drawn[name]) == sorted(expected), f"layer {name} in README.md"

@@ -14,21 +14,21 @@ import numpy as np
 import pytest
 
 import snapstore
-from snapstore import claims
-from snapstore.cache import BlockCache, CachedStore
-from snapstore.catalog import describe, list_fingerprints, list_snapshots
-from snapstore.engines import PartitionTask
-from snapstore.gc import find_garbage
-from snapstore.listing import ListedStore, map_concurrently
-from snapstore.parallel import PartitionJob, compute_partitions
-from snapstore.partitions import (
+from snapstore.manage.catalog import describe, list_fingerprints, list_snapshots
+from snapstore.manage.gc import find_garbage
+from snapstore.storage import claims
+from snapstore.storage.cache import BlockCache, CachedStore
+from snapstore.storage.listing import ListedStore, map_concurrently
+from snapstore.storage.simulate import LIST_PAGE, round_trips, simulated_store
+from snapstore.storage.store import FsspecStore, Store, open_store
+from snapstore.write.engines import PartitionTask
+from snapstore.write.parallel import PartitionJob, compute_partitions
+from snapstore.write.partitions import (
     partition_dir,
     partition_status,
     remove_partition_claims,
     status_prefixes,
 )
-from snapstore.simulate import LIST_PAGE, round_trips, simulated_store
-from snapstore.store import FsspecStore, Store, open_store
 
 FP = "f" * 32
 
@@ -130,7 +130,7 @@ def test_a_job_knows_every_partition_committed_from_listings_alone() -> None:
     craft(inner, range(2000), {})
     store = traced(inner)
     job = job_over(store, range(2000))
-    assert compute_partitions(job, snapstore.engines.ThreadEngine(2), lambda: iter(()))
+    assert compute_partitions(job, snapstore.write.engines.ThreadEngine(2), lambda: iter(()))
     assert job.finished == 2000
     trace = trace_of(store)
     assert {r.name for r in trace} == {"find"} and round_trips(trace) <= 3  # no exists each

@@ -10,8 +10,8 @@ import pytest
 
 import snapstore
 from snapstore import ReaderOptions
-from snapstore.options import ReaderSettings
-from snapstore.writer import WriteOptions
+from snapstore.read.options import ReaderSettings
+from snapstore.write.writer import WriteOptions
 
 
 def stage(n: int):

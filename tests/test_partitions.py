@@ -16,9 +16,9 @@ import pytest
 
 import snapstore
 from snapstore.errors import SchemaError
-from snapstore.gc import collect_garbage, find_garbage
-from snapstore.partitions import commit_partitions, partition_dir, write_partition
-from snapstore.store import LocalStore, Store
+from snapstore.manage.gc import collect_garbage, find_garbage
+from snapstore.storage.store import LocalStore, Store
+from snapstore.write.partitions import commit_partitions, partition_dir, write_partition
 
 
 def make_stage(log: list[list[str]]):

@@ -11,11 +11,11 @@ from pathlib import Path
 import pytest
 
 import snapstore
-from snapstore import pins
-from snapstore.catalog import describe, remove_snapshot
 from snapstore.errors import BusyError, SnapshotNotFoundError, SnapshotRemovedError, StoreError
-from snapstore.gc import find_garbage
-from snapstore.store import LocalStore, Store
+from snapstore.manage.catalog import describe, remove_snapshot
+from snapstore.manage.gc import find_garbage
+from snapstore.storage import pins
+from snapstore.storage.store import LocalStore, Store
 
 
 def squares(n: int):
@@ -214,7 +214,7 @@ def test_a_reader_that_exits_at_once_leaves_no_pin(tmp_path: Path) -> None:
     fp = committed(store)
     script = (
         "import sys, snapstore\n"
-        "from snapstore.simulate import simulated_store\n"
+        "from snapstore.storage.simulate import simulated_store\n"
         "snap = snapstore.open(sys.argv[2], root=simulated_store(sys.argv[1], ttfb=0.05))\n"
         "print(snap[0])\n"
     )

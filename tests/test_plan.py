@@ -1,4 +1,4 @@
-"""Tests for snapstore.plan: keyed permutations, the epoch order and the rank partition."""
+"""Tests for snapstore.format.plan: keyed permutations, the epoch order and the rank partition."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from snapstore.plan import (
+from snapstore.format.plan import (
     BLOCK_DOMAIN,
     WINDOW_DOMAIN,
     EpochPlan,

@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from snapstore.plan import (
+from snapstore.format.plan import (
     BLOCK_DOMAIN,
     WINDOW_DOMAIN,
     EpochPlan,
@@ -134,7 +134,7 @@ def test_bad_offsets_are_refused(offsets: np.ndarray[Any, Any], message: str) ->
 
 def test_small_scan_chunks_give_the_same_order(monkeypatch: pytest.MonkeyPatch) -> None:
     """Offsets checked, uniformity found and window starts summed over many chunks."""
-    from snapstore import plan as plan_module
+    from snapstore.format import plan as plan_module
 
     monkeypatch.setattr(plan_module, "_BATCH", 5)
     rng = np.random.default_rng(14)

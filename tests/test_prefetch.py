@@ -15,11 +15,11 @@ import pytest
 
 import snapstore
 from snapstore.errors import CorruptBlockError, FormatError
-from snapstore.plan import EpochPlan, PlanOptions
-from snapstore.prefetch import Concurrency, Prefetcher
-from snapstore.reader import SnapshotReader
-from snapstore.store import FsspecStore, LocalStore
-from snapstore.writer import WriteOptions
+from snapstore.format.plan import EpochPlan, PlanOptions
+from snapstore.read.prefetch import Concurrency, Prefetcher
+from snapstore.read.reader import SnapshotReader
+from snapstore.storage.store import FsspecStore, LocalStore
+from snapstore.write.writer import WriteOptions
 
 N = 3000
 
@@ -306,7 +306,7 @@ def test_concurrency_rejects_a_bad_maximum() -> None:
 
 
 def test_through_the_latency_simulator_a_window_costs_about_one_round_trip(tmp_path) -> None:
-    from snapstore.simulate import simulated_store
+    from snapstore.storage.simulate import simulated_store
 
     fingerprint = write(tmp_path)
     store = simulated_store(tmp_path, ttfb=0.05)

@@ -20,9 +20,10 @@ import numpy as np
 import pytest
 
 import snapstore
-from snapstore import claims, progress
-from snapstore.progress import Display, Reporter, interactive, open_reporter
-from snapstore.store import LocalStore
+from snapstore.storage import claims
+from snapstore.storage.store import LocalStore
+from snapstore.write import progress
+from snapstore.write.progress import Display, Reporter, interactive, open_reporter
 
 SCRIPT = """
 import logging, sys, threading

@@ -7,10 +7,12 @@ module stay importable from where users import them, as the same objects."""
 from __future__ import annotations
 
 import importlib
+import sys
 
 import pytest
 
 import snapstore
+from snapstore.oldpaths import MOVED
 
 SNAPSTORE_ALL = [
     "AmbiguousFingerprintError",
@@ -54,6 +56,76 @@ SNAPSTORE_ALL = [
 OPTIONAL = {"torch", "grain", "tensorflow", "ray"}
 
 MODULE_ALL = {
+    # the layer subpackages: what each re-exports
+    "format": [
+        "CommitRecord",
+        "EpochPlan",
+        "FORMAT_VERSION",
+        "Field",
+        "PlanOptions",
+        "READABLE_VERSIONS",
+        "RaggedRows",
+        "Schema",
+        "nullable",
+    ],
+    "storage": [
+        "CachedStore",
+        "FsspecStore",
+        "LocalStore",
+        "ReadGuard",
+        "RetryPolicy",
+        "Store",
+        "cached_store",
+        "default_root",
+        "list_pins",
+        "live_pins",
+        "open_store",
+        "simulated_store",
+    ],
+    "fingerprint": [
+        "FINGERPRINT_SCHEME",
+        "Fingerprint",
+        "InputError",
+        "Inputs",
+        "diff_parts",
+        "files",
+        "fingerprint_key",
+        "fingerprint_stage",
+        "hash_code",
+        "hash_value",
+    ],
+    "read": [
+        "BatchReader",
+        "Prefetcher",
+        "ReadStats",
+        "ReaderOptions",
+        "SnapshotMetadata",
+        "SnapshotReader",
+    ],
+    "write": [
+        "Columns",
+        "Engine",
+        "PartitionStatus",
+        "SnapshotWriter",
+        "WriteOptions",
+        "make_engine",
+        "partition_status",
+    ],
+    "manage": [
+        "CopyResult",
+        "Policy",
+        "VerifyReport",
+        "collect_garbage",
+        "copy_snapshot",
+        "describe",
+        "diff_snapshots",
+        "find_garbage",
+        "list_snapshots",
+        "remove_snapshot",
+        "resolve_fingerprint",
+        "verify_snapshot",
+    ],
+    # modules
     "errors": [
         "AmbiguousFingerprintError",
         "BusyError",
@@ -69,7 +141,7 @@ MODULE_ALL = {
         "StageError",
         "StoreError",
     ],
-    "store": [
+    "storage.store": [
         "ATOMIC_CREATE_PROTOCOLS",
         "FsspecStore",
         "KNOWN_OPENERS",
@@ -79,8 +151,8 @@ MODULE_ALL = {
         "default_root",
         "open_store",
     ],
-    "schema": ["Field", "FieldKind", "SUPPORTED_DTYPES", "Schema", "check_names"],
-    "fields": [
+    "format.schema": ["Field", "FieldKind", "SUPPORTED_DTYPES", "Schema", "check_names"],
+    "format.fields": [
         "DECLARE_HINT",
         "Field",
         "FieldKind",
@@ -88,8 +160,8 @@ MODULE_ALL = {
         "SUPPORTED_DTYPES",
         "check_dtype",
     ],
-    "declare": ["Nullable", "declaration_of", "field_from_declaration", "nullable"],
-    "retry": [
+    "format.declare": ["Nullable", "declaration_of", "field_from_declaration", "nullable"],
+    "storage.retry": [
         "KIND_ERRNOS",
         "KIND_HINTS",
         "RetryPolicy",
@@ -98,7 +170,7 @@ MODULE_ALL = {
         "no_such_bucket",
         "vanished_error",
     ],
-    "cache": [
+    "storage.cache": [
         "BlockCache",
         "CacheScan",
         "CachedStore",
@@ -107,11 +179,17 @@ MODULE_ALL = {
         "default_cache_dir",
         "user_cache_base",
     ],
-    "webhdfs": ["WebHDFSStore", "open_webhdfs"],
-    "simulate": ["LIST_PAGE", "LatencyFileSystem", "Request", "round_trips", "simulated_store"],
-    "travel": ["portable", "reopen"],
-    "pins": ["Pin", "PinInfo", "ReadGuard", "last_read", "list_pins", "live_pins", "pin"],
-    "fingerprint": [
+    "storage.webhdfs": ["WebHDFSStore", "open_webhdfs"],
+    "storage.simulate": [
+        "LIST_PAGE",
+        "LatencyFileSystem",
+        "Request",
+        "round_trips",
+        "simulated_store",
+    ],
+    "storage.travel": ["portable", "reopen"],
+    "storage.pins": ["Pin", "PinInfo", "ReadGuard", "last_read", "list_pins", "live_pins", "pin"],
+    "fingerprint.digest": [
         "FINGERPRINT_SCHEME",
         "Fingerprint",
         "Hasher",
@@ -121,8 +199,8 @@ MODULE_ALL = {
         "hash_code",
         "hash_value",
     ],
-    "inputs": ["InputError", "Inputs", "files"],
-    "reader": [
+    "fingerprint.inputs": ["InputError", "Inputs", "files"],
+    "read.reader": [
         "SnapshotMetadata",
         "SnapshotReader",
         "load_manifest",
@@ -130,10 +208,10 @@ MODULE_ALL = {
         "read_record",
         "removed_message",
     ],
-    "prefetch": ["Concurrency", "Prefetcher", "PrefetcherClosedError", "ReadStats"],
-    "batches": ["BatchReader"],
-    "writer": ["Columns", "ProgressCallback", "SnapshotWriter", "WriteOptions"],
-    "engines": [
+    "read.prefetch": ["Concurrency", "Prefetcher", "PrefetcherClosedError", "ReadStats"],
+    "read.batches": ["BatchReader"],
+    "write.writer": ["Columns", "ProgressCallback", "SnapshotWriter", "WriteOptions"],
+    "write.engines": [
         "CannotTravelError",
         "DaskEngine",
         "Engine",
@@ -150,7 +228,7 @@ MODULE_ALL = {
         "thread_pool_env",
         "usable_cores",
     ],
-    "catalog": [
+    "manage.catalog": [
         "describe",
         "diff_snapshots",
         "list_fingerprints",
@@ -160,15 +238,15 @@ MODULE_ALL = {
         "resolve_fingerprint",
         "stored_fingerprint",
     ],
-    "gc": ["Garbage", "Policy", "collect_garbage", "find_garbage", "select_snapshots"],
-    "verify": [
+    "manage.gc": ["Garbage", "Policy", "collect_garbage", "find_garbage", "select_snapshots"],
+    "manage.verify": [
         "ProgressCallback",
         "VerifyReport",
         "WARNING_KINDS",
         "plan_ranges",
         "verify_snapshot",
     ],
-    "copy": ["CopyProgress", "CopyResult", "copy_run_name", "copy_snapshot"],
+    "manage.copy": ["CopyProgress", "CopyResult", "copy_run_name", "copy_snapshot"],
     "handle": ["SnapshotHandle", "portable", "reopen"],
     "torch": ["RaggedList", "SnapshotDataset", "SnapshotIterableDataset", "to_tensors"],
     "grain": ["SnapshotSource"],
@@ -207,12 +285,49 @@ def test_module_all_is_pinned(module: str) -> None:
 @pytest.mark.parametrize(
     ("old", "new", "names"),
     [
-        ("schema", "fields", ["Field", "FieldKind", "SUPPORTED_DTYPES"]),
-        ("handle", "travel", ["portable", "reopen"]),
-        ("store", "roots", ["default_root"]),
+        ("format.schema", "format.fields", ["Field", "FieldKind", "SUPPORTED_DTYPES"]),
+        ("handle", "storage.travel", ["portable", "reopen"]),
+        ("storage.store", "storage.roots", ["default_root"]),
     ],
 )
 def test_moved_names_stay_importable(old: str, new: str, names: list[str]) -> None:
     for name in names:
         moved = getattr(importlib.import_module(f"snapstore.{new}"), name)
         assert getattr(importlib.import_module(f"snapstore.{old}"), name) is moved, name
+
+
+@pytest.mark.parametrize("old", sorted(MOVED))
+def test_old_module_paths_give_the_moved_module(old: str) -> None:
+    """``import snapstore.store`` (a module before the layer subpackages) still works: the same
+    module object as its new path, with a DeprecationWarning naming that path."""
+    new = importlib.import_module(f"snapstore.{MOVED[old]}")
+    sys.modules.pop(f"snapstore.{old}", None)
+    with pytest.warns(DeprecationWarning, match=f"snapstore.{MOVED[old]}"):
+        found = importlib.import_module(f"snapstore.{old}")
+    assert found is new
+    assert found.__name__ == found.__spec__.name == f"snapstore.{MOVED[old]}"
+    vars(snapstore).pop(old)  # set by that import; `snapstore.store` without one:
+    with pytest.warns(DeprecationWarning, match=f"snapstore.{MOVED[old]}"):
+        assert getattr(snapstore, old) is new
+
+
+@pytest.mark.parametrize(
+    ("package", "name", "home"),
+    [("format", "COMMIT_NAME", "format.layout"), ("fingerprint", "Hasher", "fingerprint.digest")],
+)
+def test_old_module_names_of_the_two_that_became_packages(
+    package: str, name: str, home: str
+) -> None:
+    module = importlib.import_module(f"snapstore.{package}")
+    with pytest.warns(DeprecationWarning, match=f"snapstore.{home}.{name}"):
+        found = getattr(module, name)
+    assert found is getattr(importlib.import_module(f"snapstore.{home}"), name)
+    with pytest.raises(AttributeError, match="no_such_name"):
+        _ = module.no_such_name
+
+
+def test_unknown_module_paths_still_fail() -> None:
+    with pytest.raises(ModuleNotFoundError):
+        importlib.import_module("snapstore.no_such_module")
+    with pytest.raises(AttributeError, match="no_such_module"):
+        _ = snapstore.no_such_module

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 import snapstore
-from snapstore.writer import WriteOptions
+from snapstore.write.writer import WriteOptions
 
 N = 203
 

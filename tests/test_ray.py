@@ -18,11 +18,9 @@ ray = pytest.importorskip("ray")
 pytest.importorskip("ray.data")
 
 import snapstore  # noqa: E402
-from snapstore.claims import inspect_claim  # noqa: E402
 from snapstore.errors import SnapshotNotFoundError  # noqa: E402
-from snapstore.fingerprint import fingerprint_key  # noqa: E402
-from snapstore.gc import collect_garbage, find_garbage  # noqa: E402
-from snapstore.partitions import PARTS_DIR, partition_done, write_partition  # noqa: E402
+from snapstore.fingerprint.digest import fingerprint_key  # noqa: E402
+from snapstore.manage.gc import collect_garbage, find_garbage  # noqa: E402
 from snapstore.ray import (  # noqa: E402
     RayExecutor,
     SnapshotDatasink,
@@ -30,8 +28,10 @@ from snapstore.ray import (  # noqa: E402
     read_snapshot,
     write_snapshot,
 )
-from snapstore.store import LocalStore  # noqa: E402
-from snapstore.writer import SnapshotWriter  # noqa: E402
+from snapstore.storage.claims import inspect_claim  # noqa: E402
+from snapstore.storage.store import LocalStore  # noqa: E402
+from snapstore.write.partitions import PARTS_DIR, partition_done, write_partition  # noqa: E402
+from snapstore.write.writer import SnapshotWriter  # noqa: E402
 
 N = 60
 BLOCKS = 4
@@ -279,8 +279,8 @@ def test_the_claim_protects_the_job_from_gc_and_is_released_on_failure(tmp_path:
 
 def test_gc_knows_the_datasink_partition_ids() -> None:
     """gc tells a datasink job's partitions (never reused) from a partitioned stage's by id."""
-    from snapstore import gc
     from snapstore import ray as snap_ray
+    from snapstore.manage import gc
 
     first_job_partition = snap_ray._JOB_RANGE[0] * snap_ray._TASKS_PER_JOB
     assert first_job_partition >= gc._FIRST_JOB_PARTITION

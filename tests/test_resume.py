@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 
 import snapstore
 from snapstore.errors import ResumeError
-from snapstore.writer import WriteOptions
+from snapstore.write.writer import WriteOptions
 
 
 def stage(n: int):

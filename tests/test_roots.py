@@ -10,7 +10,7 @@ import pytest
 
 import snapstore
 from snapstore.errors import SnapshotNotFoundError, StoreError
-from snapstore.store import FsspecStore, LocalStore, open_store
+from snapstore.storage.store import FsspecStore, LocalStore, open_store
 
 
 def squares(n: int):

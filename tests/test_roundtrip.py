@@ -10,10 +10,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
-from snapstore.reader import SnapshotReader
-from snapstore.schema import SUPPORTED_DTYPES, Schema
-from snapstore.store import LocalStore, Store
-from snapstore.writer import SnapshotWriter, WriteOptions
+from snapstore.format.schema import SUPPORTED_DTYPES, Schema
+from snapstore.read.reader import SnapshotReader
+from snapstore.storage.store import LocalStore, Store
+from snapstore.write.writer import SnapshotWriter, WriteOptions
 
 DTYPES = sorted(SUPPORTED_DTYPES)
 

@@ -16,12 +16,12 @@ import pytest
 from kinds_oracle import FORMS, assert_same, batch_rows, write_rows
 
 import snapstore
-from snapstore.checks import fast_check
 from snapstore.errors import SchemaError
-from snapstore.inference import merge_stored
-from snapstore.reader import SnapshotReader
-from snapstore.schema import Field, Schema, infer_schema
-from snapstore.store import LocalStore
+from snapstore.format.checks import fast_check
+from snapstore.format.inference import merge_stored
+from snapstore.format.schema import Field, Schema, infer_schema
+from snapstore.read.reader import SnapshotReader
+from snapstore.storage.store import LocalStore
 
 
 def read_all(reader: SnapshotReader) -> list[dict[str, Any]]:
@@ -500,6 +500,6 @@ def test_ray_batches_hold_the_new_kinds_as_objects(tmp_path: Any) -> None:
 
 
 def _plain() -> Any:
-    from snapstore.plan import PlanOptions
+    from snapstore.format.plan import PlanOptions
 
     return PlanOptions(shuffle=False)

@@ -13,9 +13,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from kinds_oracle import FORMS, assert_same, batch_rows, write_columns, write_rows
 
-from snapstore.reader import SnapshotReader
-from snapstore.schema import Field
-from snapstore.store import LocalStore
+from snapstore.format.schema import Field
+from snapstore.read.reader import SnapshotReader
+from snapstore.storage.store import LocalStore
 
 INTS = ["int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64"]
 FLOATS = ["float16", "float32", "float64"]

@@ -8,10 +8,10 @@ import numpy as np
 import pytest
 
 from snapstore.errors import SchemaError
-from snapstore.reader import SnapshotReader
-from snapstore.schema import Schema, infer_schema
-from snapstore.store import Store
-from snapstore.writer import SnapshotWriter, WriteOptions
+from snapstore.format.schema import Schema, infer_schema
+from snapstore.read.reader import SnapshotReader
+from snapstore.storage.store import Store
+from snapstore.write.writer import SnapshotWriter, WriteOptions
 
 
 def write_all(

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 import snapstore
-from snapstore.importname import module_name
+from snapstore.fingerprint.importname import module_name
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 
@@ -109,7 +109,7 @@ def test_helpers_of_the_script_are_named_as_imported(tmp_path: Path) -> None:
     code = """
 import sys
 sys.path.insert(0, ".")
-import snapstore.fingerprint as f
+import snapstore.fingerprint.digest as f
 import __main__ as m
 fp = f.fingerprint_stage(m.tokenized.fn, ([1],), {}, format_version=1)
 print("CODE", ",".join(sorted(fp.details["code"]["functions"])), fp.details["stage"])
@@ -127,7 +127,9 @@ def test_code_without_a_file_keeps_main(monkeypatch: pytest.MonkeyPatch) -> None
     stage = namespace["stage"]
     assert module_name("__main__", namespace) == "__main__"  # not pytest's own __main__
     assert (
-        snapstore.fingerprint.fingerprint_stage(stage, (), {}, format_version=1).details["stage"]
+        snapstore.fingerprint.digest.fingerprint_stage(stage, (), {}, format_version=1).details[
+            "stage"
+        ]
         == "__main__.stage"
     )
 

@@ -17,8 +17,8 @@ import pytest
 
 import snapstore
 from snapstore.errors import FormatError, SnapshotNotFoundError
-from snapstore.simulate import LatencyFileSystem, Request, round_trips, simulated_store
-from snapstore.store import FsspecStore, LocalStore, Store
+from snapstore.storage.simulate import LatencyFileSystem, Request, round_trips, simulated_store
+from snapstore.storage.store import FsspecStore, LocalStore, Store
 
 DATA = bytes(range(256)) * 40  # 10,240 bytes
 

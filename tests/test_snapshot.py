@@ -13,7 +13,6 @@ import numpy as np
 import pytest
 
 import snapstore
-from snapstore.catalog import remove_snapshot
 from snapstore.errors import (
     AmbiguousFingerprintError,
     FingerprintError,
@@ -21,7 +20,8 @@ from snapstore.errors import (
     SnapshotRemovedError,
     StageError,
 )
-from snapstore.store import LocalStore
+from snapstore.manage.catalog import remove_snapshot
+from snapstore.storage.store import LocalStore
 
 CALLS: list[tuple] = []
 

@@ -13,9 +13,9 @@ import pytest
 torch = pytest.importorskip("torch")
 
 import snapstore  # noqa: E402
-from snapstore.cache import BlockCache, CachedStore  # noqa: E402
-from snapstore.simulate import simulated_store  # noqa: E402
-from snapstore.store import open_store  # noqa: E402
+from snapstore.storage.cache import BlockCache, CachedStore  # noqa: E402
+from snapstore.storage.simulate import simulated_store  # noqa: E402
+from snapstore.storage.store import open_store  # noqa: E402
 from snapstore.torch import SnapshotDataset, SnapshotIterableDataset  # noqa: E402
 
 DataLoader = torch.utils.data.DataLoader

@@ -30,9 +30,9 @@ from servers import child_env
 
 import snapstore
 from snapstore.errors import StoreError
-from snapstore.listing import ListedStore
-from snapstore.simulate import simulated_store
-from snapstore.store import (
+from snapstore.storage.listing import ListedStore
+from snapstore.storage.simulate import simulated_store
+from snapstore.storage.store import (
     ATOMIC_CREATE_PROTOCOLS,
     FsspecStore,
     LocalStore,
@@ -272,8 +272,10 @@ def backend(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Backend]
     elif kind == "memory":
         spec = Backend(open_store(f"memory://conformance-{uuid.uuid4().hex}"))
     elif kind == "webhdfs":
-        if importlib.util.find_spec("snapstore.webhdfs") is None:
-            pytest.skip("no WebHDFS store yet (snapstore/webhdfs.py): fsspec's is not atomic")
+        if importlib.util.find_spec("snapstore.storage.webhdfs") is None:
+            pytest.skip(
+                "no WebHDFS store yet (snapstore/storage/webhdfs.py): fsspec's is not atomic"
+            )
         url, options = request.getfixturevalue("webhdfs_server").fresh_root()
         spec = Backend(open_store(url, **options), url, options)
         if not spec.store.atomic_create:
@@ -340,7 +342,7 @@ def test_a_protocol_without_atomic_create_warns_once(caplog: pytest.LogCaptureFi
     store = FsspecStore(fs, f"/plain-{uuid.uuid4().hex}")
     other = FsspecStore(fs, f"/plain-{uuid.uuid4().hex}")
     assert not store.atomic_create
-    with caplog.at_level(logging.WARNING, logger="snapstore.store"):
+    with caplog.at_level(logging.WARNING, logger="snapstore.storage.store"):
         assert store.create_if_absent("fp/COMMIT", b"one") is True
         assert store.create_if_absent("fp/COMMIT", b"two") is False
         other.write_bytes("x", b"1")
@@ -377,7 +379,7 @@ def test_open_write_spills_large_files_to_disk(
 ) -> None:
     if not isinstance(backend.store, FsspecStore):
         pytest.skip("a local store writes in place")
-    from snapstore.store import _SpooledUpload
+    from snapstore.storage.store import _SpooledUpload
 
     monkeypatch.setattr(_SpooledUpload, "spool_bytes", 100)  # keep objects small for moto
     with backend.store.open_write("big/file") as f:

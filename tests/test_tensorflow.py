@@ -20,7 +20,7 @@ tf = pytest.importorskip(
 
 import snapstore  # noqa: E402
 from snapstore.errors import ResumeError, SchemaError  # noqa: E402
-from snapstore.schema import Field, Schema  # noqa: E402
+from snapstore.format.schema import Field, Schema  # noqa: E402
 from snapstore.tensorflow import TFReader, element_spec, to_dataset  # noqa: E402
 
 N = 30

@@ -11,10 +11,10 @@ import numpy as np
 import pytest
 
 import snapstore
-from snapstore.arraylike import convert_sample
 from snapstore.errors import SchemaError
-from snapstore.schema import Field
-from snapstore.writer import WriteOptions
+from snapstore.format.arraylike import convert_sample
+from snapstore.format.schema import Field
+from snapstore.write.writer import WriteOptions
 
 torch = pytest.importorskip("torch")
 

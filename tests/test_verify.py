@@ -1,4 +1,5 @@
-"""``snapstore verify`` and :func:`snapstore.verify.verify_snapshot`: every damage is found."""
+"""``snapstore verify`` and :func:`snapstore.manage.verify.verify_snapshot`: every damage is
+found."""
 
 from __future__ import annotations
 
@@ -12,13 +13,13 @@ import pytest
 from click.testing import CliRunner
 
 import snapstore
-from snapstore import format as fmt
-from snapstore import verify
 from snapstore.cli.main import main
-from snapstore.reader import SnapshotReader
-from snapstore.store import FsspecStore, LocalStore, Store
-from snapstore.verify import plan_ranges, verify_snapshot
-from snapstore.writer import WriteOptions
+from snapstore.format import layout as fmt
+from snapstore.manage import verify
+from snapstore.manage.verify import plan_ranges, verify_snapshot
+from snapstore.read.reader import SnapshotReader
+from snapstore.storage.store import FsspecStore, LocalStore, Store
+from snapstore.write.writer import WriteOptions
 
 # Small blocks and shards, so a snapshot of 300 samples has many blocks in several shards.
 OPTIONS = WriteOptions(block_min_rows=1, block_bytes=2048, shard_bytes=16384, compression_level=0)

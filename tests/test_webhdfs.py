@@ -1,4 +1,4 @@
-"""HDFS over WebHDFS (snapstore/webhdfs.py), against the WebHDFS server the tests start
+"""HDFS over WebHDFS (snapstore/storage/webhdfs.py), against the WebHDFS server the tests start
 (tests/webhdfs_server.py): the atomic commit raced by processes, errors translated, snapshots
 written, swept and read back. The store conformance suite runs on it too
 (tests/test_store_conformance.py).
@@ -42,11 +42,11 @@ from webhdfs_server import WebHDFSServer
 
 import snapstore
 from snapstore.errors import StoreError
-from snapstore.gc import find_garbage
-from snapstore.retry import RetryPolicy, classify_failure
-from snapstore.simulate import simulated_store
-from snapstore.store import FsspecStore, open_store
-from snapstore.webhdfs import WebHDFSStore, _remote_error
+from snapstore.manage.gc import find_garbage
+from snapstore.storage.retry import RetryPolicy, classify_failure
+from snapstore.storage.simulate import simulated_store
+from snapstore.storage.store import FsspecStore, open_store
+from snapstore.storage.webhdfs import WebHDFSStore, _remote_error
 
 OPTIONS = snapstore.WriteOptions(block_min_rows=1, block_bytes=1024, shard_bytes=16 << 10)
 
@@ -74,7 +74,7 @@ def test_a_webhdfs_store_stays_one_in_worker_processes() -> None:
     webhdfs)."""
     import pickle
 
-    from snapstore.travel import portable, reopen
+    from snapstore.storage.travel import portable, reopen
 
     secure = open_store("swebhdfs://alice@namenode.invalid:9871/snaps")
     where = pickle.loads(pickle.dumps(portable(secure, "a test")))
@@ -105,10 +105,10 @@ class _HdfsLike(MemoryFileSystem):  # type: ignore[misc]
 def test_writes_through_hdfs_urls_point_to_webhdfs(
     caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr("snapstore.store._WARNED", set())
+    monkeypatch.setattr("snapstore.storage.store._WARNED", set())
     store = FsspecStore(_HdfsLike(), f"/hdfs-{uuid.uuid4().hex}")
     assert not store.atomic_create
-    with caplog.at_level(logging.WARNING, logger="snapstore.store"):
+    with caplog.at_level(logging.WARNING, logger="snapstore.storage.store"):
         store.write_bytes("x", b"1")
         store.write_bytes("y", b"2")
     warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]

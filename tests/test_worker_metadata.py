@@ -18,7 +18,7 @@ pytest.importorskip("torch")
 
 import snapstore
 from snapstore.handle import SnapshotHandle
-from snapstore.simulate import simulated_store
+from snapstore.storage.simulate import simulated_store
 from snapstore.torch import SnapshotIterableDataset
 
 

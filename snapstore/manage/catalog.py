@@ -1,0 +1,275 @@
+"""What is under a root: the snapshots, their summaries, and removing them.
+
+These are the tools' views (the CLI's ``ls``, ``info`` and ``rm``); readers never list
+directories, they start from a commit record.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from ..errors import AmbiguousFingerprintError, BusyError, FormatError, SnapshotNotFoundError
+from ..fingerprint.digest import Fingerprint
+from ..fingerprint.explain import diff_parts
+from ..format import layout as fmt
+from ..read.reader import load_manifest
+from ..storage.claims import inspect_claim
+from ..storage.listing import ListedStore, fingerprint_trees, map_concurrently, root_missing
+from ..storage.pins import last_read, list_pins, live_pins
+from ..storage.store import Store
+from ..write.partitions import PARTS_DIR
+
+__all__ = [
+    "describe",
+    "diff_snapshots",
+    "list_fingerprints",
+    "list_snapshots",
+    "previous_of_stage",
+    "remove_snapshot",
+    "resolve_fingerprint",
+    "stored_fingerprint",
+]
+
+
+def describe(store: Store, fingerprint: str) -> dict[str, Any]:
+    """A JSON-able summary of one fingerprint's directory, committed or not.
+
+    ``state`` is ``committed``, ``writing`` (not committed, and a job holds a live claim on it
+    or on one of its partitions: ``writer`` names it), ``incomplete`` (runs or partitions
+    without a commit and no live claim: left by a crash) or ``corrupt`` (a commit record whose
+    manifest does not validate; ``error`` says why).
+    ``last_read`` is when a reader last opened it (to the hour, or None) and ``readers`` how
+    many hold it open now (live pins). An uncommitted partitioned snapshot also has
+    ``partitions_committed``: the partitions a rerun will not compute again.
+    """
+    if not isinstance(store, ListedStore):  # one recursive listing answers every directory
+        store = ListedStore(store, fingerprint, store.list_tree(fingerprint))
+    runs = store.list_dir(f"{fingerprint}/runs")
+    pinned = list_pins(store, fingerprint)
+    info: dict[str, Any] = {
+        "fingerprint": fingerprint,
+        "runs": len(runs),
+        "last_read": last_read(store, fingerprint, pinned),
+        "readers": len(live_pins(store, fingerprint, names=pinned)),
+    }
+    if not store.exists(f"{fingerprint}/{fmt.COMMIT_NAME}"):
+        now = time.time()
+        claim = inspect_claim(store, fingerprint)
+        writer = None if claim.expired(now) else claim.describe()
+        if store.is_dir(f"{fingerprint}/{PARTS_DIR}"):
+            done, part_writer = _partitions_written(store, fingerprint, now)
+            info["partitions_committed"] = done
+            writer = writer or part_writer
+        state = "writing" if writer else "incomplete"
+        info.update(state=state, bytes=store.disk_usage(fingerprint))
+        if writer:
+            info["writer"] = writer
+        return info
+    try:
+        manifest = load_manifest(store, fingerprint)
+    except FormatError as exc:
+        info.update(state="corrupt", error=str(exc), bytes=store.disk_usage(fingerprint))
+        return info
+    raw, stored = int(manifest["raw_bytes"]), int(manifest["stored_bytes"])
+    info.update(
+        state="committed",
+        stage=manifest.get("stage"),
+        created_at=manifest.get("created_at"),
+        host=manifest.get("host"),
+        run=manifest.get("run"),
+        samples=int(manifest["num_samples"]),
+        blocks=int(manifest["num_blocks"]),
+        shards=len(manifest["shards"]),
+        raw_bytes=raw,
+        stored_bytes=stored,
+        compression_ratio=round(raw / stored, 3) if stored else None,
+        bytes=store.disk_usage(fingerprint),
+        schema=manifest["schema"],
+        fingerprint_parts=manifest.get("fingerprint_parts", {}),
+        fingerprint_details=manifest.get("fingerprint_details", {}),
+        version=manifest.get("version"),
+        format_version=manifest.get("format_version"),
+    )
+    return info
+
+
+def _partitions_written(store: Store, fingerprint: str, now: float) -> tuple[int, str | None]:
+    """How many partitions of an uncommitted partitioned snapshot are committed, and who holds
+    a live claim on one still being computed (None if nobody)."""
+    names = [n for n in store.list_dir(f"{fingerprint}/{PARTS_DIR}") if fmt.is_plain_name(n)]
+    wheres = [f"{fingerprint}/{PARTS_DIR}/{name}" for name in names]
+    open_ = [w for w in wheres if not store.exists(f"{w}/{fmt.COMMIT_NAME}")]
+    # Each claim read concurrently; the first live one (in partition order) names the writer.
+    states = map_concurrently(lambda where: inspect_claim(store, where), open_)
+    writer = next((s.describe() for s in states if not s.expired(now)), None)
+    return len(wheres) - len(open_), writer
+
+
+def list_snapshots(store: Store) -> list[dict[str, Any]]:
+    """Summaries of every snapshot directory (committed or not) under the root, by fingerprint.
+
+    The directories are listed once (:func:`snapstore.storage.listing.fingerprint_trees`), and the
+    snapshots described concurrently from those listings: only their reads (commit records,
+    manifests, pins, claims) are requests of their own.
+    """
+    trees = fingerprint_trees(store)
+    names = [fp for fp, tree in trees.items() if _holds_snapshot(tree)]
+    return map_concurrently(lambda fp: describe(ListedStore(store, fp, trees[fp]), fp), names)
+
+
+def _holds_snapshot(tree: dict[str, int]) -> bool:
+    """A commit record, runs or partitions: what :func:`list_fingerprints` looks for."""
+    return any(k == fmt.COMMIT_NAME or k.startswith(("runs/", f"{PARTS_DIR}/")) for k in tree)
+
+
+def remove_snapshot(store: Store, fingerprint: str, *, respect_pins: bool = True) -> int:
+    """Remove a snapshot; returns the bytes freed.
+
+    The commit record goes first, so the snapshot stops being visible in one step and a crash
+    half-way leaves only unreferenced garbage, never a committed snapshot with missing shards.
+    With ``respect_pins`` (the default) a snapshot that a reader has open is kept: live pins are
+    checked before, and again after, the commit record is deleted; a reader that pinned in
+    between gets the record back (see :mod:`snapstore.storage.pins`).
+
+    Raises
+    ------
+    BusyError
+        If a reader holds a live pin on the snapshot.
+    """
+    freed = store.disk_usage(fingerprint)
+    commit = f"{fingerprint}/{fmt.COMMIT_NAME}"
+    if respect_pins:
+        _refuse_if_pinned(store, fingerprint)
+    record = store.read_bytes(commit) if store.exists(commit) else None
+    if record is not None:
+        store.remove_tree(commit)
+    # Looked at again whether or not this remover found the record (another may have deleted
+    # it a moment ago, and a reader pinned since).
+    if respect_pins and live_pins(store, fingerprint):
+        if record is not None:
+            store.create_if_absent(commit, record)  # a reader started meanwhile: keep it
+        _refuse_if_pinned(store, fingerprint)
+    store.remove_tree(fingerprint)
+    # A concurrent remover that saw a reader's pin may have put the record back while this one
+    # deleted from an older listing: no record may outlive its files (its readers then stop
+    # with SnapshotRemovedError instead of finding the snapshot damaged).
+    if store.exists(commit):
+        store.remove_tree(commit)
+    return freed
+
+
+def _refuse_if_pinned(store: Store, fingerprint: str) -> None:
+    pinned = live_pins(store, fingerprint)
+    if pinned:
+        raise BusyError(
+            f"snapshot {fingerprint} under {store.url} is in use by {pinned[0].describe()}"
+            + (f" and {len(pinned) - 1} more" if len(pinned) > 1 else "")
+            + "; it was not removed. Retry once they finish, or remove it with --force."
+        )
+
+
+def stored_fingerprint(store: Store, fingerprint: str) -> Fingerprint:
+    """The fingerprint (digest, parts, details) recorded in a committed snapshot's manifest."""
+    manifest = load_manifest(store, fingerprint)
+    return Fingerprint(
+        fingerprint,
+        dict(manifest.get("fingerprint_parts") or {}),
+        dict(manifest.get("fingerprint_details") or {}),
+    )
+
+
+def diff_snapshots(store: Store, a: str, b: str) -> dict[str, Any]:
+    """Why snapshot ``b``'s fingerprint differs from ``a``'s, part by part.
+
+    Returns
+    -------
+    dict
+        ``{"a", "b", "differences": [sentences], "parts": {name: {"a", "b", "same"}}}``.
+    """
+    fa, fb = stored_fingerprint(store, a), stored_fingerprint(store, b)
+    names = sorted(set(fa.parts) | set(fb.parts))
+    parts = {
+        n: {"a": fa.parts.get(n), "b": fb.parts.get(n), "same": fa.parts.get(n) == fb.parts.get(n)}
+        for n in names
+    }
+    return {"a": a, "b": b, "differences": diff_parts(fa, fb), "parts": parts}
+
+
+def previous_of_stage(store: Store, stage: str, exclude: str) -> str | None:
+    """The most recently created committed snapshot of ``stage`` other than ``exclude``."""
+
+    def stage_of(fp: str) -> tuple[Any, str] | None:  # not the manifest: it may be large
+        try:
+            manifest = load_manifest(store, fp)
+        except FormatError:
+            return None  # a damaged snapshot explains nothing; `snapstore verify` reports it
+        return manifest.get("stage"), str(manifest.get("created_at", ""))
+
+    best: tuple[str, str] | None = None
+    fps = [fp for fp in list_fingerprints(store) if fp != exclude]
+    for fp, found in zip(fps, map_concurrently(stage_of, fps)):  # read concurrently
+        if found is not None and found[0] == stage and (best is None or found[1] > best[0]):
+            best = (found[1], fp)
+    return best[1] if best else None
+
+
+def list_fingerprints(store: Store, *, committed_only: bool = True) -> list[str]:
+    """Snapshot directories under ``store`` (for tools; readers never list).
+
+    With ``committed_only`` false, directories holding only runs or partitions (being written,
+    or left by a crash) are included too.
+    """
+    names = [n for n in store.list_dir("") if fmt.is_plain_name(n)]
+
+    def wanted(name: str) -> bool:  # the existence checks of all names run concurrently
+        if store.exists(f"{name}/{fmt.COMMIT_NAME}"):
+            return True
+        others = () if committed_only else ("runs", PARTS_DIR)
+        return any(store.exists(f"{name}/{other}") for other in others)
+
+    return [n for n, keep in zip(names, map_concurrently(wanted, names)) if keep]
+
+
+def resolve_fingerprint(store: Store, prefix: str, *, committed_only: bool = True) -> str:
+    """The full fingerprint of a snapshot from a unique prefix.
+
+    Raises
+    ------
+    SnapshotNotFoundError
+        If nothing matches (or ``prefix`` is not a plain name, such as ``../x``); the message
+        says so when a local root does not exist.
+    AmbiguousFingerprintError
+        If several snapshots match.
+    """
+    if not fmt.is_plain_name(prefix):
+        raise SnapshotNotFoundError(
+            f"{prefix!r} is not a fingerprint: expected the hex digits `snapstore ls` shows"
+        )
+    if store.exists(f"{prefix}/{fmt.COMMIT_NAME}"):
+        return prefix  # a full fingerprint: no listing needed
+    matches = [
+        fp
+        for fp in list_fingerprints(store, committed_only=committed_only)
+        if fp.startswith(prefix)
+    ]
+    if prefix in matches:
+        return prefix
+    if not matches:
+        kind = "committed snapshot" if committed_only else "snapshot"
+        if root_missing(store):
+            raise SnapshotNotFoundError(
+                f"no {kind} matches {prefix!r}: expected a root directory at {store.url}, "
+                "found none (it does not exist); check the path (root=, --root or "
+                "$SNAPSTORE_ROOT)"
+            )
+        raise SnapshotNotFoundError(
+            f"no {kind} matches {prefix!r} under {store.url}; `snapstore ls` lists them"
+        )
+    if len(matches) > 1:
+        shown = ", ".join(m[:12] for m in matches[:5]) + (", ..." if len(matches) > 5 else "")
+        raise AmbiguousFingerprintError(
+            f"{prefix!r} matches {len(matches)} snapshots under {store.url} ({shown}); "
+            "give more characters"
+        )
+    return matches[0]

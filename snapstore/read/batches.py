@@ -1,0 +1,331 @@
+"""Batches of one consumer's share of an epoch, resumable from a small dict of integers.
+
+:class:`BatchReader` ties the pieces together: the pure :class:`~snapstore.format.plan.EpochPlan`
+says which samples, in which order; the :class:`~snapstore.read.prefetch.Prefetcher` fetches and
+decodes their blocks ahead of use; an assembler thread locates each chunk's rows (a shuffle
+window, or part of one) once and copies each batch from the decoded blocks straight into arrays
+allocated for it (:mod:`snapstore.read.assemble`, numpy copies that release the GIL), handing
+finished batches to the consumer through a bounded queue (:mod:`snapstore.format.handoff`).
+"""
+
+from __future__ import annotations
+
+import collections
+import hashlib
+import logging
+import operator
+from collections.abc import Iterator
+from typing import Any
+
+import numpy as np
+
+from ..errors import ResumeError
+from ..format.handoff import Handoff
+from ..format.plan import EpochPlan, PlanOptions
+from ..format.ragged import FORMS, check_form
+from .assemble import Allocate, BatchBuilder, chunk_rows
+from .prefetch import Prefetcher, ReadStats
+from .reader import SnapshotReader
+
+__all__ = ["BatchReader"]
+
+log = logging.getLogger(__name__)
+
+STATE_VERSION = 1
+# What a state must agree on with the reader it is restored into, besides the snapshot. The
+# partition is compared as (consumer, consumers): 2 ranks of 2 workers read what 4 ranks of 1 do.
+_ORDER_KEYS = ("epoch", "seed", "shuffle", "window_blocks", "drop_last")
+RAGGED_FORMS = FORMS
+# Finished batches the assembler thread may hold ahead of the consumer: one being taken while
+# the next waits covers the consumer's jitter; more would only add memory.
+_READY_BATCHES = 2
+
+
+def _consumer(state: dict[str, Any]) -> tuple[Any, Any]:
+    """(consumer, consumers) of a state: its place in the partition."""
+    try:
+        workers = state["num_workers"]
+        return state["rank"] * workers + state["worker"], state["world_size"] * workers
+    except TypeError as exc:
+        raise ResumeError(f"resume state holds a non-integer partition field ({exc})") from exc
+
+
+def snapshot_id(fingerprint: str) -> int:
+    """A 63-bit integer naming a snapshot inside a resume state."""
+    return int.from_bytes(hashlib.sha256(fingerprint.encode()).digest()[:8], "big") >> 1
+
+
+class BatchReader:
+    """Batches of one consumer's share of one epoch, as dicts of numpy arrays.
+
+    Made by :meth:`snapstore.Snapshot.batches`. Every consumer yields the same number of batches
+    (see :class:`snapstore.format.plan.EpochPlan` for the pad/drop rule); with ``drop_last`` the
+    final
+    short batch is dropped as well. Iterating again repeats the epoch (from the position given
+    to :meth:`set_state`, if any); :meth:`set_epoch` moves to another epoch.
+
+    Batches hold fixed-shape and numeric fields as stacked arrays; str and bytes fields as
+    lists; varying-shape arrays as lists of arrays (``ragged="list"``, read-only views into the
+    decoded blocks), zero-padded to the batch's largest shape with the true shapes in
+    ``<name>_lengths`` (``ragged="pad"``: shape ``(batch,)`` for 1-D fields, ``(batch, ndim)``
+    otherwise), or packed (``ragged="packed"``): every sample's values one after the other in
+    one flat array, sample ``i`` at ``<name>_offsets[i]:<name>_offsets[i + 1]`` (int64, shape
+    ``(batch + 1,)``), with ``<name>_shapes`` (int64, ``(batch, ndim)``) for fields of more
+    than one dimension.
+
+    Batches are made on a thread of their own (``snapstore-assemble``), at most two ahead of
+    the consumer; every array of a batch is new (``allocate``'s), except that a batch whose
+    rows are consecutive rows of one block is a read-only view of it when ``allocate`` is None.
+    ``allocate(specs)`` (attribute or argument; set it before iterating) returns one new,
+    writable, C-contiguous array per ``(shape, dtype)`` of a batch, for all of them at once:
+    :class:`snapstore.torch.SnapshotIterableDataset` passes one that puts each batch in one
+    shared-memory buffer in DataLoader workers. It is called on the assembler thread.
+    """
+
+    def __init__(
+        self,
+        reader: SnapshotReader,
+        batch_size: int,
+        *,
+        options: PlanOptions,
+        epoch: int = 0,
+        rank: int = 0,
+        world_size: int = 1,
+        worker: int = 0,
+        num_workers: int = 1,
+        prefetch_bytes: int = 64 << 20,
+        max_requests: int | None = None,
+        decode_threads: int | None = None,
+        ragged: str = "list",
+        allocate: Allocate | None = None,
+    ) -> None:
+        if isinstance(batch_size, bool) or operator.index(batch_size) < 1:
+            raise ValueError(f"batch_size must be a positive integer, got {batch_size!r}")
+        check_form(reader.schema.flat(), ragged)
+        if prefetch_bytes < 1:
+            raise ValueError(f"prefetch_bytes: expected a positive int, found {prefetch_bytes}")
+        self.reader = reader
+        self.batch_size = int(batch_size)
+        self.options = options
+        self.ragged = ragged
+        self.prefetch_bytes = prefetch_bytes
+        self.max_requests = max_requests
+        self.decode_threads = decode_threads
+        self._place = {"rank": rank, "world_size": world_size}
+        self._place |= {"worker": worker, "num_workers": num_workers}
+        self.plan = self._plan(epoch)
+        self._start = 0  # where the next pass starts (set_state)
+        self._position = 0  # samples yielded so far in the current pass
+        self._prefetcher: Prefetcher | None = None
+        self._handoff: Handoff[tuple[dict[str, Any], int]] | None = None
+        self.allocate = allocate
+        self._stats = ReadStats()
+
+    def _plan(self, epoch: int) -> EpochPlan:
+        offsets = self.reader.offsets  # shared with the reader: no private O(blocks) array
+        return EpochPlan(None, offsets=offsets, epoch=epoch, options=self.options, **self._place)
+
+    @property
+    def epoch(self) -> int:
+        """The epoch this reader yields."""
+        return self.plan.epoch
+
+    def set_epoch(self, epoch: int) -> None:
+        """Yield epoch ``epoch`` from the next pass on (from its start)."""
+        self.plan = self._plan(epoch)
+        self._start = self._position = 0
+
+    def __len__(self) -> int:
+        full, rest = divmod(self.plan.num_samples, self.batch_size)
+        return full + (1 if rest and not self.options.drop_last else 0)
+
+    # -- resume -----------------------------------------------------------------------------
+
+    def get_state(self) -> dict[str, int]:
+        """Where this reader is: a small dict of integers, for a checkpoint.
+
+        ``position`` counts the samples of this epoch already yielded; restoring the state with
+        :meth:`set_state` in any process continues with the next one.
+        """
+        plan, options = self.plan, self.options
+        return {
+            "version": STATE_VERSION,
+            "snapshot": snapshot_id(self.reader.fingerprint),
+            "epoch": plan.epoch,
+            "seed": int(options.seed),
+            "shuffle": int(options.shuffle),
+            "window_blocks": int(options.window_blocks),
+            "drop_last": int(options.drop_last),
+            "rank": plan.rank,
+            "world_size": plan.world_size,
+            "worker": plan.worker,
+            "num_workers": plan.num_workers,
+            "position": self._position,
+        }
+
+    def set_state(self, state: dict[str, int]) -> None:
+        """Continue from ``state`` (from :meth:`get_state`) on the next pass.
+
+        The reader must read the same snapshot in the same order (epoch, seed, shuffle, window,
+        drop_last) as the same consumer: the same ``rank * num_workers + worker`` out of the
+        same ``world_size * num_workers``, however that total is split into ranks and workers.
+        Only the position is taken from the state. Nothing before it is fetched or decoded.
+
+        Raises
+        ------
+        ResumeError
+            If the state is malformed, from another snapshot, or for another epoch, seed,
+            shuffle window or partition; the message names the differing settings.
+        """
+        if not isinstance(state, dict):
+            raise ResumeError(f"expected a state dict from get_state(), found {type(state)}")
+        mine = self.get_state()
+        missing = sorted(set(mine) - set(state))
+        if missing:
+            raise ResumeError(
+                f"resume state is missing {missing}; pass the dict get_state() returned"
+            )
+        if state["version"] != STATE_VERSION:
+            raise ResumeError(
+                f"resume state has version {state['version']}, this snapstore reads "
+                f"version {STATE_VERSION}"
+            )
+        if state["snapshot"] != mine["snapshot"]:
+            raise ResumeError(
+                f"resume state belongs to another snapshot, not {self.reader.fingerprint}; "
+                "restore it into a reader of the snapshot it was saved from"
+            )
+        differ = [
+            f"{k}={state[k]} (reader has {mine[k]})" for k in _ORDER_KEYS if state[k] != mine[k]
+        ]
+        theirs = _consumer(state)
+        if theirs != _consumer(mine):
+            differ.append(
+                f"consumer {theirs[0]} of {theirs[1]} (reader is consumer "
+                f"{_consumer(mine)[0]} of {_consumer(mine)[1]}; consumer = rank * num_workers + "
+                "worker, of world_size * num_workers)"
+            )
+        if differ:
+            raise ResumeError(
+                "resume state is for another order or partition: "
+                + ", ".join(differ)
+                + "; create the reader with the same settings (snap.batches(...)) as the one "
+                "that saved it. A different number of ranks or workers can only start a new epoch."
+            )
+        position = state["position"]
+        if not isinstance(position, int) or not 0 <= position <= self.plan.num_samples:
+            raise ResumeError(
+                f"resume state position must be in [0, {self.plan.num_samples}], found {position!r}"
+            )
+        if self._prefetcher is not None:
+            raise ResumeError("set_state() while a pass is running; call it before iterating")
+        self._start = self._position = position
+
+    # -- iteration --------------------------------------------------------------------------
+
+    def stats(self) -> ReadStats:
+        """Stats of the current pass, or of the last one when none is running."""
+        if self._prefetcher is not None:
+            stats = self._prefetcher.snapshot_stats()
+            stats.samples, stats.batches = self._stats.samples, self._stats.batches
+            return stats
+        return self._stats
+
+    def close(self) -> None:
+        """Stop the current pass's threads, the assembler's included (iterating again starts a
+        new pass)."""
+        if self._prefetcher is not None:
+            self._end_pass()
+
+    def __enter__(self) -> BatchReader:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _end_pass(self) -> None:
+        prefetcher, self._prefetcher = self._prefetcher, None
+        handoff, self._handoff = self._handoff, None
+        if handoff is not None:
+            handoff.close()  # closes the prefetcher too, then joins the assembler thread
+        if prefetcher is None:
+            return
+        prefetcher.close()
+        samples, batches = self._stats.samples, self._stats.batches
+        self._stats = prefetcher.snapshot_stats()
+        self._stats.samples, self._stats.batches = samples, batches
+        log.debug("epoch %d pass: %s", self.plan.epoch, self._stats)
+
+    def __iter__(self) -> Iterator[dict[str, Any]]:
+        self.close()
+        start = self._start
+        self._start = 0
+        self._position = start
+        self._stats = ReadStats()
+        prefetcher = self.reader.prefetch(
+            self.plan.chunks(start),
+            first_part=self.batch_size,
+            budget_bytes=self.prefetch_bytes,
+            max_requests=self.max_requests,
+            decode_threads=self.decode_threads,
+        )
+        self._prefetcher = prefetcher
+        self._handoff = Handoff(
+            self._assemble(prefetcher),
+            depth=_READY_BATCHES,
+            name="snapstore-assemble",
+            wake=prefetcher.close,
+        )
+        return self._batches(self._handoff)
+
+    def _assemble(self, prefetcher: Prefetcher) -> Iterator[tuple[dict[str, Any], int]]:
+        """The pass's batches and their sizes, made on the assembler thread: each chunk's rows
+        are located once, and each batch is copied from the decoded blocks straight into the
+        arrays allocated for it (see :mod:`snapstore.read.assemble`)."""
+        pieces: collections.deque[list[Any]] = collections.deque()  # [rows, start, stop]
+        buffered = 0
+        schema = self.reader.schema
+        builder = BatchBuilder(schema, self.ragged, self.allocate)
+        for idx, decoded in prefetcher:
+            blocks, rows = self.reader.locate(idx)
+            unique, which = np.unique(blocks, return_inverse=True)
+            chunk = chunk_rows(schema, [decoded[int(b)] for b in unique], which, rows)
+            del decoded  # the chunk's rows keep what they still need, no more
+            pieces.append([chunk, 0, len(idx)])
+            del chunk
+            buffered += len(idx)
+            while buffered >= self.batch_size:
+                buffered -= self.batch_size
+                yield builder.build(_cut(pieces, self.batch_size)), self.batch_size
+        if buffered and not self.options.drop_last:
+            yield builder.build(_cut(pieces, buffered)), buffered
+
+    def _batches(self, handoff: Handoff[tuple[dict[str, Any], int]]) -> Iterator[dict[str, Any]]:
+        try:
+            for batch, size in handoff:
+                self.reader.check_kept()
+                self._position += size
+                self._stats.samples += size
+                self._stats.batches += 1
+                yield batch
+                del batch
+        finally:
+            if self._handoff is handoff:
+                self._end_pass()
+            else:
+                handoff.close()
+
+
+def _cut(pieces: collections.deque[list[Any]], size: int) -> list[tuple[dict[str, Any], int, int]]:
+    """The next ``size`` rows of the pieces, as (chunk rows, start, stop) runs."""
+    parts = []
+    while size:
+        piece = pieces[0]
+        chunk, start, stop = piece
+        count = min(size, stop - start)
+        parts.append((chunk, start, start + count))
+        piece[1] += count
+        size -= count
+        if piece[1] == stop:
+            pieces.popleft()
+    return parts

@@ -1,0 +1,669 @@
+"""The prefetcher: fetch and decode the blocks an epoch plan needs next, in parallel, ahead of use.
+
+One :class:`Prefetcher` serves one pass over a sequence of chunks (arrays of global sample
+indices, from :meth:`snapstore.format.plan.EpochPlan.chunks`). Three kinds of thread share the work:
+
+- a scheduler walks the chunks, turns the blocks each one needs into byte-range requests
+  (adjacent blocks of a shard coalesced into one request, up to ``max_request_bytes``), and
+  admits them while fewer than :attr:`Concurrency.limit` requests are in flight and the decoded
+  bytes fetched ahead of the consumer stay inside ``budget_bytes``. The chunk the consumer is
+  waiting for is admitted at once (up to the maximum number of requests, whatever the budget),
+  so a cold start costs about one round trip and a window larger than the budget cannot
+  deadlock;
+- an I/O pool runs the requests (``fetch(path, start, length)``), retrying transient errors
+  and completing short reads a bounded number of times;
+- a decode pool verifies and decodes each block (checksum, decompression, Arrow), off the
+  consumer's thread, earliest chunk first (requests complete in any order).
+
+Local stores skip the I/O pool: a "read" is a slice of a memory map, so the decode pool does it
+and the bytes are never copied.
+
+The number of requests in flight adapts (:class:`Concurrency`): by Little's law a consumer that
+uses ``rate`` requests per second needs ``rate * latency`` of them in flight; the limit follows
+that estimate (with headroom), doubles whenever the consumer has to wait while the limit, not the
+budget, held requests back, and decays when nobody waits.
+
+Every thread stops in :meth:`Prefetcher.close`; an exception in any of them is raised to the
+consumer, unchanged, when it reaches the block (or the chunk) that failed.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import heapq
+import itertools
+import logging
+import math
+import random
+import threading
+import time
+from collections.abc import Callable, Iterable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import numpy as np
+
+from ..errors import FormatError, StoreError
+from ..format.layout import BLOCK_ALIGNMENT
+
+__all__ = ["Concurrency", "Prefetcher", "PrefetcherClosedError", "ReadStats"]
+
+log = logging.getLogger(__name__)
+
+Fetch = Callable[[str, int, int], Any]
+Decode = Callable[[int, Any], Any]
+
+# Errors worth trying again: the network and the store's own failures. A missing file, a denied
+# permission or a corrupt block is not transient (StoreError keeps the errno it translated).
+_PERMANENT = (FileNotFoundError, PermissionError, IsADirectoryError, NotADirectoryError)
+_PERMANENT_ERRNOS = {errno.ENOENT, errno.EACCES, errno.EPERM, errno.EISDIR, errno.ENOTDIR}
+_TRANSIENT = (OSError, StoreError, TimeoutError, ConnectionError)
+# Blocks this close are read in one request: the zero padding that aligns blocks, no more (a
+# larger gap would be another window's block, fetched and then thrown away).
+_MAX_GAP = BLOCK_ALIGNMENT
+# Blocks of one shard a local request holds (see Prefetcher._joins).
+_LOCAL_BLOCKS = 8
+# Request latencies kept per pass for the p95.
+_SAMPLE = 4096
+
+
+class PrefetcherClosedError(RuntimeError):
+    """The prefetcher was closed (by another thread) while its consumer waited for blocks."""
+
+
+@dataclass
+class ReadStats:
+    """What one pass over an epoch (or part of one) cost.
+
+    Attributes
+    ----------
+    samples, batches : int
+        Delivered to the consumer.
+    blocks, requests, bytes : int
+        Blocks decoded, range requests made (after coalescing) and stored bytes fetched.
+    retries : int
+        Reads repeated after a transient error or an empty read (a read that returns only part
+        of a range is continued where it stopped, and not counted here).
+    latency_mean, latency_p95 : float
+        Seconds per request (NaN before the first one); the p95 is that of a uniform sample of
+        4,096 requests once a pass has made more.
+    stall : float
+        Seconds the consumer waited for data after the first chunk arrived.
+    startup : float
+        Seconds from the start of the pass until the first chunk was ready.
+    wall : float
+        Seconds from the start of the pass to its end (or to now).
+    concurrency : float
+        Requests in flight on average over the pass (Little's law: request-seconds / wall).
+    max_in_flight : int
+        The most requests in flight at once.
+    limit : int
+        The concurrency limit when the pass ended.
+    """
+
+    samples: int = 0
+    batches: int = 0
+    blocks: int = 0
+    requests: int = 0
+    bytes: int = 0
+    retries: int = 0
+    latency_mean: float = math.nan
+    latency_p95: float = math.nan
+    stall: float = 0.0
+    startup: float = 0.0
+    wall: float = 0.0
+    concurrency: float = 0.0
+    max_in_flight: int = 0
+    limit: int = 0
+
+    def as_dict(self) -> dict[str, Any]:
+        """The stats as a plain dict (latencies are NaN when nothing was requested remotely)."""
+        return asdict(self)
+
+    def __str__(self) -> str:
+        return (
+            f"{self.samples} samples, {self.bytes / 1e6:.1f} MB in {self.requests} requests "
+            f"(latency mean {self.latency_mean * 1e3:.1f} ms, p95 {self.latency_p95 * 1e3:.1f} "
+            f"ms), concurrency {self.concurrency:.1f} (limit {self.limit}), stall "
+            f"{self.stall:.3f} s of {self.wall:.3f} s, startup {self.startup:.3f} s"
+        )
+
+
+class Concurrency:
+    """How many requests to keep in flight, from what was measured (pure, not thread-safe).
+
+    Parameters
+    ----------
+    maximum : int
+        Upper bound on the limit.
+    initial : int
+        Starting limit (clamped to ``[1, maximum]``).
+    headroom : float
+        Multiplier on the Little's-law estimate, to absorb latency variance.
+    """
+
+    def __init__(self, maximum: int, initial: int = 8, headroom: float = 2.0) -> None:
+        if maximum < 1:
+            raise ValueError(f"Concurrency: expected maximum >= 1, found {maximum}")
+        self.maximum = maximum
+        self.limit = max(1, min(initial, maximum))
+        self.headroom = headroom
+        self._latency = math.nan  # EWMA of request seconds
+        self._rate = math.nan  # EWMA of requests consumed per second
+        self._last_consumed: float | None = None
+
+    def record_latency(self, seconds: float) -> None:
+        """A request took ``seconds`` end to end."""
+        a = 0.2
+        self._latency = (
+            seconds if math.isnan(self._latency) else (1 - a) * self._latency + a * seconds
+        )
+
+    def record_consumed(self, requests: float, now: float) -> None:
+        """The consumer finished with data worth ``requests`` requests at time ``now``."""
+        if self._last_consumed is not None and now > self._last_consumed:
+            rate = requests / (now - self._last_consumed)
+            a = 0.3
+            self._rate = rate if math.isnan(self._rate) else (1 - a) * self._rate + a * rate
+        self._last_consumed = now
+
+    def target(self) -> int:
+        """Little's law with headroom: requests needed in flight to keep up (1 if unknown)."""
+        if math.isnan(self._rate) or math.isnan(self._latency):
+            return self.limit
+        return max(1, min(self.maximum, math.ceil(self._rate * self._latency * self.headroom)))
+
+    def on_stall(self, limited: bool) -> None:
+        """The consumer waited; ``limited`` says the limit (not the budget) held requests back."""
+        if limited:
+            self.limit = min(self.maximum, max(self.limit * 2, self.target()))
+
+    def on_idle(self) -> None:
+        """A chunk was consumed without waiting: drift down towards the estimate."""
+        target = self.target()
+        if target < self.limit:
+            self.limit = max(target, self.limit - max(1, self.limit // 8))
+        elif target > self.limit:
+            self.limit = target
+
+
+@dataclass
+class _Request:
+    """One byte range of one shard, covering whole blocks."""
+
+    path: str
+    start: int
+    length: int
+    blocks: list[tuple[int, int, int]]  # (block, offset inside the range, length)
+    costs: list[int]  # decoded bytes of each block, charged against the budget
+    chunk: int  # the first chunk that needs it
+
+    @property
+    def cost(self) -> int:
+        return sum(self.costs)
+
+
+@dataclass
+class _Chunk:
+    indices: np.ndarray[Any, Any]
+    blocks: list[int]
+    requests: int = 0  # requests first needed by this chunk
+
+
+class Prefetcher:
+    """Fetch and decode the blocks of ``chunks`` ahead of the consumer; iterate for the results.
+
+    Iterating yields ``(indices, {block: decoded})`` per chunk, in order. Use it once.
+
+    Parameters
+    ----------
+    chunks : Iterable of numpy.ndarray
+        Global sample indices, chunk by chunk (consumed on the scheduler thread).
+    locate : callable
+        ``locate(indices) -> blocks``: the block number of each global index.
+    index : numpy structured array
+        The block index (``shard``, ``offset``, ``length``, ``raw_length`` per block).
+    paths : list of str
+        Store path of each shard, by shard number.
+    fetch : callable
+        ``fetch(path, start, length)``: bytes (any buffer) of a range; may return fewer bytes.
+    decode : callable
+        ``decode(block, data)``: the decoded block; raises on corruption.
+    budget_bytes : int
+        Decoded bytes that may be fetched ahead of the chunk the consumer holds (the chunk it
+        waits for is always admitted). Memory is about this plus the consumer's chunk.
+    max_requests : int
+        Most requests in flight at once.
+    initial_requests : int
+        Requests in flight to start with, before anything is measured.
+    decode_threads : int
+        Threads that verify and decode.
+    local : bool
+        Reads are cheap memory-map slices: run them on the decode threads, one block each.
+    max_request_bytes : int
+        Coalesce adjacent blocks into requests up to this size (not for local stores).
+    retries : int
+        Extra attempts for a request after a transient error or a read that came back short.
+    first_part : int
+        Yield the first chunk in two parts: its first ``first_part`` indices as soon as the
+        blocks they need are decoded, then the rest (0: whole). The requests are the same.
+    on_requests : callable, optional
+        Called once, on the scheduler thread, when the first chunk's requests are all out (a
+        reader's pin starts then: nothing optional goes before the first requests).
+    """
+
+    def __init__(
+        self,
+        chunks: Iterable[np.ndarray[Any, Any]],
+        *,
+        locate: Callable[[np.ndarray[Any, Any]], np.ndarray[Any, Any]],
+        index: np.ndarray[Any, Any],
+        paths: list[str],
+        fetch: Fetch,
+        decode: Decode,
+        budget_bytes: int,
+        max_requests: int = 64,
+        initial_requests: int = 8,
+        decode_threads: int = 2,
+        local: bool = False,
+        max_request_bytes: int = 8 << 20,
+        retries: int = 3,
+        first_part: int = 0,
+        on_requests: Callable[[], None] | None = None,
+    ) -> None:
+        if budget_bytes < 1:
+            raise ValueError(
+                f"prefetch budget: expected a positive number of bytes, found {budget_bytes}"
+            )
+        self._chunks = iter(chunks)
+        self._locate = locate
+        self._index = index
+        self._paths = paths
+        self._fetch = fetch
+        self._decode = decode
+        self.budget_bytes = budget_bytes
+        self._local = local
+        self._max_request_bytes = 0 if local else max_request_bytes
+        self._retries = retries
+        self._first_part = first_part
+        self._on_requests = on_requests
+        self.concurrency = Concurrency(max_requests, initial_requests)
+
+        self._cond = threading.Condition()
+        self._tickets: dict[int, _Chunk] = {}  # scheduled chunks the consumer has not finished
+        self._scheduled = 0  # chunks scheduled so far
+        self._scheduled_all = False
+        self._failure: BaseException | None = None  # the scheduler's own failure
+        self._ready: dict[int, Any] = {}  # block -> decoded block or the exception it raised
+        self._refs: dict[int, int] = {}  # block -> chunks not yet consumed that need it
+        self._cost: dict[int, int] = {}
+        self._held = 0  # decoded bytes admitted and not yet released
+        self._in_flight = 0
+        self._waiting_chunk = 0  # the chunk the consumer needs next
+        self._stopped = False
+        self._waited = False  # the consumer stalled on the current chunk
+        # Request latencies: exact count and sum, and a uniform sample of at most _SAMPLE of
+        # them for the p95 (reservoir sampling), so a pass's memory does not grow with its size.
+        self._timed = 0
+        self._latencies: list[float] = []
+        self._sampler = random.Random(0)
+        self.stats = ReadStats(limit=self.concurrency.limit)
+        self._started = time.perf_counter()
+        self._busy = 0.0  # request-seconds
+
+        self._decoders = ThreadPoolExecutor(max(1, decode_threads), "snapstore-decode")
+        # (chunk, sequence, request, data or None): what the decode threads take next.
+        self._decodes: list[tuple[int, int, _Request, Any]] = []
+        self._decode_seq = itertools.count()
+        self._io = None if local else ThreadPoolExecutor(max_requests, "snapstore-fetch")
+        self._scheduler = threading.Thread(
+            target=self._schedule, name="snapstore-prefetch", daemon=True
+        )
+        self._scheduler.start()
+
+    # -- scheduler thread -------------------------------------------------------------------
+
+    def _schedule(self) -> None:
+        try:
+            for number, indices in enumerate(self._chunks):
+                blocks = self._locate(indices)
+                _, first = np.unique(blocks, return_index=True)
+                order = [int(b) for b in blocks[np.sort(first)]]
+                fresh = []
+                with self._cond:
+                    if self._stopped:
+                        return
+                    for b in order:
+                        if b in self._refs:
+                            self._refs[b] += 1
+                        else:
+                            self._refs[b] = 1
+                            fresh.append(b)
+                    self._tickets[number] = _Chunk(indices, order)
+                    self._scheduled = number + 1
+                    self._cond.notify_all()
+                for request in self._requests(fresh, number):
+                    if not self._admit(request):
+                        return
+                    self._submit(request)
+                if self._on_requests is not None:
+                    callback, self._on_requests = self._on_requests, None
+                    callback()
+        except BaseException as exc:  # handed to the consumer
+            with self._cond:
+                self._failure = exc
+                self._cond.notify_all()
+        finally:
+            with self._cond:
+                self._scheduled_all = True
+                self._cond.notify_all()
+
+    def _requests(self, blocks: list[int], chunk: int) -> Iterator[_Request]:
+        """Group ``blocks`` into byte-range requests: per shard, by offset, adjacent ones merged."""
+        if not blocks:
+            return
+        entries = self._index[blocks]
+        shard = entries["shard"].astype(np.int64)
+        offset = entries["offset"].astype(np.int64)
+        length = entries["length"].astype(np.int64)
+        raw = entries["raw_length"].astype(np.int64)
+        current: _Request | None = None
+        for k in np.lexsort((offset, shard)).tolist():
+            b, s, o, n = blocks[k], int(shard[k]), int(offset[k]), int(length[k])
+            path = self._paths[s]
+            if current is not None and current.path == path and self._joins(current, o, n):
+                current.blocks.append((b, o - current.start, n))
+                current.costs.append(int(raw[k]))
+                current.length = o + n - current.start
+                continue
+            if current is not None:
+                yield current
+            current = _Request(path, o, n, [(b, 0, n)], [int(raw[k])], chunk)
+        if current is not None:
+            yield current
+
+    def _joins(self, current: _Request, offset: int, length: int) -> bool:
+        """Whether the block at ``offset`` of ``current``'s shard goes in the same request:
+        remotely when it is adjacent and the request stays small enough; locally (a request is
+        a view of a memory map, whatever it spans) a few blocks at a time, so that each decode
+        task, lock and wake-up is paid per few blocks rather than per block."""
+        gap = offset - (current.start + current.length)
+        if self._local:
+            return gap >= 0 and len(current.blocks) < _LOCAL_BLOCKS
+        return 0 <= gap < _MAX_GAP and offset + length - current.start <= self._max_request_bytes
+
+    def _admit(self, request: _Request) -> bool:
+        """Wait until ``request`` may start; False if the prefetcher was closed meanwhile."""
+        with self._cond:
+            while not self._stopped:
+                # The chunk the consumer waits for goes out at once, up to the maximum number of
+                # requests and whatever the budget; the limit and budget pace reading ahead.
+                if request.chunk <= self._waiting_chunk:
+                    admit = self._in_flight < self.concurrency.maximum
+                else:
+                    fits = self._held == 0 or self._held + request.cost <= self.budget_bytes
+                    admit = fits and self._in_flight < self.concurrency.limit
+                if admit:
+                    self._in_flight += 1
+                    self._held += request.cost
+                    for (b, _, _), cost in zip(request.blocks, request.costs):
+                        self._cost[b] = cost
+                    if request.chunk in self._tickets:
+                        self._tickets[request.chunk].requests += 1
+                    self.stats.max_in_flight = max(self.stats.max_in_flight, self._in_flight)
+                    return True
+                self._cond.wait()
+            return False
+
+    def _submit(self, request: _Request) -> None:
+        if self._io is None:
+            self._queue_decode(request, None)  # the read is a memory-map slice: done there
+        else:
+            self._io.submit(self._run_remote, request)
+
+    def _queue_decode(self, request: _Request, data: Any) -> None:
+        """Decode ``request`` (read it first if ``data`` is None) on a decode thread, earliest
+        chunk first: requests complete in any order, and at a cold start the windows fetched
+        ahead must not hold up the first one's decoding."""
+        with self._cond:
+            heapq.heappush(self._decodes, (request.chunk, next(self._decode_seq), request, data))
+        with contextlib.suppress(RuntimeError):  # the pool shut down: the prefetcher is closed
+            self._decoders.submit(self._decode_next)
+
+    def _decode_next(self) -> None:
+        with self._cond:
+            _, _, request, data = heapq.heappop(self._decodes)
+        if data is None:
+            self._run_local(request)
+        else:
+            self._decode_all(request, data)
+
+    # -- pool threads -----------------------------------------------------------------------
+
+    def _run_local(self, request: _Request) -> None:
+        try:
+            data = self._read(request)
+        except BaseException as exc:  # handed to the consumer
+            self._finish(request, 0.0, 0, exc)
+            return
+        # A local request spans gaps it never reads (a view): count its blocks' bytes.
+        self._finish(request, 0.0, sum(n for _, _, n in request.blocks), None)
+        self._decode_all(request, data)
+
+    def _run_remote(self, request: _Request) -> None:
+        began = time.perf_counter()
+        try:
+            data = self._read(request)
+        except BaseException as exc:  # handed to the consumer
+            self._finish(request, time.perf_counter() - began, 0, exc)
+            return
+        self._finish(request, time.perf_counter() - began, request.length, None)
+        self._queue_decode(request, data)
+
+    def _read(self, request: _Request) -> Any:
+        """The request's bytes; transient errors and short reads are retried a bounded number
+        of times, with exponential backoff."""
+        parts: list[Any] = []
+        have = 0
+        attempt = 0
+        while have < request.length:
+            if self._stopped:
+                raise RuntimeError("prefetcher closed")
+            try:
+                data = self._fetch(request.path, request.start + have, request.length - have)
+            except _PERMANENT:
+                raise
+            except _TRANSIENT as exc:
+                attempt += 1
+                if attempt > self._retries or getattr(exc, "errno", None) in _PERMANENT_ERRNOS:
+                    raise
+                self._retried(attempt, exc)
+                continue
+            size = memoryview(data).nbytes
+            if size == 0:
+                attempt += 1
+                if attempt > self._retries:
+                    raise FormatError(
+                        f"shard {request.path} ends before byte {request.start + request.length} "
+                        f"(read stopped at {request.start + have}); the snapshot is damaged: "
+                        "run `snapstore verify`, remove it with `snapstore rm` and rebuild it"
+                    )
+                self._retried(attempt, None)
+                continue
+            parts.append(data)
+            have += size
+        if len(parts) == 1:
+            return parts[0]
+        return b"".join(bytes(p) for p in parts)
+
+    def _retried(self, attempt: int, exc: BaseException | None) -> None:
+        with self._cond:
+            self.stats.retries += 1
+        why = f"{type(exc).__name__}: {exc}" if exc is not None else "short read"
+        log.debug("retrying a read (attempt %d) after %s", attempt + 1, why)
+        time.sleep(min(1.0, 0.05 * 2 ** (attempt - 1)))
+
+    def _finish(
+        self, request: _Request, seconds: float, nbytes: int, error: BaseException | None
+    ) -> None:
+        with self._cond:
+            self._in_flight -= 1
+            self.stats.requests += 1
+            self.stats.bytes += nbytes
+            if seconds:
+                self._sample_latency(seconds)
+                self._busy += seconds
+                self.concurrency.record_latency(seconds)
+            if error is not None:
+                for b, _, _ in request.blocks:
+                    self._ready[b] = error
+            self._cond.notify_all()
+
+    def _sample_latency(self, seconds: float) -> None:
+        """Keep ``seconds`` in the latency sample (lock held)."""
+        self._timed += 1
+        if len(self._latencies) < _SAMPLE:
+            self._latencies.append(seconds)
+        else:
+            slot = self._sampler.randrange(self._timed)
+            if slot < _SAMPLE:
+                self._latencies[slot] = seconds
+
+    def _decode_all(self, request: _Request, data: Any) -> None:
+        view = memoryview(data) if not isinstance(data, memoryview) else data
+        for b, offset, length in request.blocks:
+            result: Any
+            try:
+                result = self._decode(b, view[offset : offset + length])
+            except BaseException as exc:  # handed to the consumer
+                result = exc
+            with self._cond:
+                self._ready[b] = result
+                self.stats.blocks += 1
+                self._cond.notify_all()
+
+    # -- consumer ---------------------------------------------------------------------------
+
+    def __iter__(self) -> Iterator[tuple[np.ndarray[Any, Any], dict[int, Any]]]:
+        number = 0
+        try:
+            while True:
+                chunk = self._wait_chunk(number)
+                if chunk is None:
+                    return
+                if number == 0 and 0 < self._first_part < len(chunk.indices):
+                    yield from self._parts(chunk)
+                else:
+                    decoded = self._wait_blocks(chunk)
+                    yield chunk.indices, decoded
+                    del decoded
+                self._release(chunk)
+                number += 1
+        finally:
+            self.close()
+
+    def _wait_chunk(self, number: int) -> _Chunk | None:
+        with self._cond:
+            self._waiting_chunk = number
+            self._cond.notify_all()
+            began, limited = time.perf_counter(), self._limited()
+            while number >= self._scheduled and not self._scheduled_all:
+                self._cond.wait()
+            self._stalled(began, number, limited)
+            if self._failure is not None and number >= self._scheduled:
+                raise self._failure
+            return self._tickets.get(number)
+
+    def _parts(self, chunk: _Chunk) -> Iterator[tuple[np.ndarray[Any, Any], dict[int, Any]]]:
+        """The first chunk's head (its blocks only), then its tail (the wait counts as a stall)."""
+        cut = self._first_part
+        needed = set(self._locate(chunk.indices[:cut]).tolist())
+        head = self._wait_blocks(chunk, [b for b in chunk.blocks if b in needed])
+        yield chunk.indices[:cut], head
+        del head
+        yield chunk.indices[cut:], self._wait_blocks(chunk, part=1)
+
+    def _wait_blocks(
+        self, chunk: _Chunk, blocks: list[int] | None = None, part: int = 0
+    ) -> dict[int, Any]:
+        """The decoded ``blocks`` of ``chunk`` (default: all), once ready; ``part`` > 0 makes
+        the wait a stall even on the first chunk."""
+        blocks = chunk.blocks if blocks is None else blocks
+        with self._cond:
+            began, limited = time.perf_counter(), self._limited()
+            decoded: dict[int, Any] = {}
+            for b in blocks:
+                while b not in self._ready:
+                    if self._failure is not None:
+                        raise self._failure
+                    if self._stopped:  # closed from another thread (the batch assembler's)
+                        raise PrefetcherClosedError("prefetcher closed while a chunk was awaited")
+                    self._cond.wait()
+                value = self._ready[b]
+                if isinstance(value, BaseException):
+                    raise value
+                decoded[b] = value
+            for b in blocks:  # handed over: the budget counts only what lies ahead
+                self._held -= self._cost.pop(b, 0)
+            self._stalled(began, self._waiting_chunk + part, limited)
+            return decoded
+
+    def _limited(self) -> bool:
+        """Requests are held back by the concurrency limit, not the budget (lock held)."""
+        return self._in_flight >= self.concurrency.limit
+
+    def _stalled(self, began: float, number: int, limited: bool) -> None:
+        """Account the wait that began at ``began`` (lock held); adapt concurrency."""
+        waited = time.perf_counter() - began
+        if number == 0:
+            self.stats.startup += waited
+        elif waited > 1e-4:
+            self.stats.stall += waited
+            self._waited = True
+            self.concurrency.on_stall(limited)
+            self._cond.notify_all()
+
+    def _release(self, chunk: _Chunk) -> None:
+        with self._cond:
+            for b in chunk.blocks:
+                self._refs[b] -= 1
+                if not self._refs[b]:
+                    del self._refs[b]
+                    self._ready.pop(b, None)
+            self.stats.samples += len(chunk.indices)
+            self.concurrency.record_consumed(chunk.requests, time.perf_counter())
+            if not self._waited:
+                self.concurrency.on_idle()
+            self._waited = False
+            self._tickets.pop(self._waiting_chunk, None)
+            self._cond.notify_all()
+
+    def snapshot_stats(self) -> ReadStats:
+        """The stats so far (a copy)."""
+        with self._cond:
+            stats = ReadStats(**asdict(self.stats))
+            stats.wall = time.perf_counter() - self._started
+            if self._timed:
+                stats.latency_mean = self._busy / self._timed
+                stats.latency_p95 = float(np.percentile(self._latencies, 95))
+            stats.concurrency = self._busy / stats.wall if stats.wall > 0 else 0.0
+            stats.limit = self.concurrency.limit
+            return stats
+
+    def close(self) -> None:
+        """Stop every thread; blocks not yet consumed are dropped. Safe to call twice."""
+        with self._cond:
+            if self._stopped:
+                return
+            self._stopped = True
+            self._cond.notify_all()
+        if threading.current_thread() is not self._scheduler:
+            self._scheduler.join()
+        if self._io is not None:
+            self._io.shutdown(wait=True, cancel_futures=True)
+        self._decoders.shutdown(wait=True, cancel_futures=True)
+        with self._cond:
+            self._ready.clear()
+            self._tickets.clear()

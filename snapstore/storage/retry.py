@@ -1,0 +1,197 @@
+"""Which storage failures are worth retrying, and how long to wait between tries.
+
+:func:`classify` sorts an exception from an fsspec driver (gcsfs, s3fs, aiohttp, botocore,
+requests, WebHDFS' RemoteException, plain ``OSError``) into transient (timeouts, resets, HTTP
+408/429/5xx, a NameNode in safe mode: try again) or a permanent kind (permission, credentials,
+missing bucket, quota, no space: report at once); :class:`RetryPolicy` says how many times and
+how long to wait.
+"""
+
+from __future__ import annotations
+
+import errno
+import random
+from dataclasses import dataclass
+
+from ..errors import StoreError
+
+__all__ = [
+    "KIND_ERRNOS",
+    "KIND_HINTS",
+    "RetryPolicy",
+    "classify_failure",
+    "http_status",
+    "no_such_bucket",
+    "vanished_error",
+]
+
+
+# s3fs turns 503 SlowDown and 409 OperationAborted into EBUSY, 500 InternalError into EREMOTEIO.
+_TRANSIENT_ERRNOS = frozenset(
+    getattr(errno, name)
+    for name in "ECONNRESET ECONNABORTED ECONNREFUSED ETIMEDOUT EPIPE EAGAIN EBUSY EREMOTEIO "  # noqa: SIM905
+    "ENETDOWN ENETUNREACH ENETRESET EHOSTUNREACH EHOSTDOWN".split()
+    if hasattr(errno, name)
+)
+# Foreign exceptions by qualified class name (in the MRO): no import of aiohttp, botocore...
+_TRANSIENT_TYPES = {
+    "aiohttp.client_exceptions.ClientConnectionError",  # resets, disconnects, socket timeouts
+    "aiohttp.client_exceptions.ClientPayloadError",  # a body cut short
+    "botocore.exceptions.HTTPClientError",  # read and connect timeouts, closed connections
+    "botocore.exceptions.ConnectionError",  # endpoint unreachable
+    "requests.exceptions.ConnectionError",
+    "requests.exceptions.Timeout",
+    "requests.exceptions.ChunkedEncodingError",
+    "gcsfs.retry.ChecksumError",  # a download garbled on the way: fetch it again
+}
+_CREDENTIAL_TYPES = {
+    "botocore.exceptions.NoCredentialsError",
+    "botocore.exceptions.PartialCredentialsError",
+    "botocore.exceptions.CredentialRetrievalError",
+    "google.auth.exceptions.DefaultCredentialsError",
+    "google.auth.exceptions.RefreshError",
+}
+KIND_HINTS = {
+    "permission": "check that the credentials grant access to it (on a bucket: reading, "
+    "writing, listing and deleting objects)",
+    "credentials": "check the credentials: the storage options (token=..., key=/secret=...) "
+    "or the environment (GOOGLE_APPLICATION_CREDENTIALS, AWS_PROFILE, AWS_ACCESS_KEY_ID)",
+    "bucket": "the bucket does not exist, or these credentials cannot see it; check the bucket "
+    "name in the URL, or create the bucket",
+    "location": "the location does not exist; check the URL",
+    "transient": "the store did not answer; check the network and the endpoint, or try again",
+    "quota": "a quota of the directory is exhausted (names or space); check the quotas above "
+    "it (hdfs dfs -count -q -h PATH), then free space or ask for a larger quota",
+    "permanent": "check that the store is reachable and writable",
+}
+# WebHDFS (and HttpFS) name the NameNode's Java exception in their error JSON;
+# snapstore.storage.webhdfs
+# raises it as an OSError carrying ``remote_exception``. Safe mode (a NameNode starting up),
+# a standby NameNode and RetriableException pass, or may pass, with time: try again.
+_REMOTE_KINDS = {
+    "SafeModeException": "transient",
+    "RetriableException": "transient",
+    "StandbyException": "transient",
+    "AccessControlException": "permission",
+    "SecurityException": "permission",
+    "AuthorizationException": "permission",
+    "FileNotFoundException": "missing",
+    "FileAlreadyExistsException": "exists",
+    "AlreadyBeingCreatedException": "exists",  # the other creator is still writing it
+    "RecoveryInProgressException": "exists",  # ... or died, and its lease is being recovered
+    "NSQuotaExceededException": "quota",
+    "DSQuotaExceededException": "quota",
+    "QuotaExceededException": "quota",
+}
+# The prefetcher does not retry an error whose errno says "missing" or "access denied".
+KIND_ERRNOS = {"permission": errno.EACCES, "credentials": errno.EACCES, "bucket": errno.ENOENT,
+                "location": errno.ENOENT, "transient": errno.ETIMEDOUT,
+                "quota": errno.EDQUOT}  # fmt: skip
+
+
+def http_status(exc: BaseException, names: set[str]) -> int | None:
+    """The HTTP status a driver's exception carries, if it is one that carries one."""
+    if "gcsfs.retry.HttpError" in names:
+        code = getattr(exc, "code", None)
+    elif "aiohttp.client_exceptions.ClientResponseError" in names:
+        code = getattr(exc, "status", None)
+    elif "botocore.exceptions.ClientError" in names:
+        response = getattr(exc, "response", None) or {}
+        code = response.get("ResponseMetadata", {}).get("HTTPStatusCode")
+    elif "requests.exceptions.HTTPError" in names:  # WebHDFS: an error without RemoteException
+        code = getattr(getattr(exc, "response", None), "status_code", None)
+    else:
+        return None
+    return int(code) if isinstance(code, int | str) and str(code).isdigit() else None
+
+
+def classify_failure(exc: BaseException) -> str | None:
+    """What a failure means: ``missing``, ``exists``, ``transient``, ``permission``,
+    ``credentials``, ``quota`` or ``permanent``; None for an exception that is not a storage
+    failure (a bad argument, a bug), which passes through unchanged."""
+    if isinstance(exc, StoreError):
+        return None  # translated already
+    remote = getattr(exc, "remote_exception", None)
+    if remote in _REMOTE_KINDS:
+        return _REMOTE_KINDS[remote]
+    names = {f"{k.__module__}.{k.__qualname__}" for k in type(exc).__mro__}
+    status = http_status(exc, names)
+    if status is not None:
+        if status in (408, 429) or status >= 500:
+            return "transient"
+        return {401: "credentials", 403: "permission", 404: "missing"}.get(status, "permanent")
+    if names & _CREDENTIAL_TYPES:
+        return "credentials"
+    if names & _TRANSIENT_TYPES:
+        return "transient"
+    if isinstance(exc, FileNotFoundError | NotADirectoryError):
+        return "missing"
+    if isinstance(exc, FileExistsError):
+        return "exists"
+    if isinstance(exc, PermissionError):
+        return "permission"
+    if isinstance(exc, TimeoutError | ConnectionError):
+        return "transient"
+    if isinstance(exc, OSError):
+        if exc.errno in _TRANSIENT_ERRNOS:
+            return "transient"
+        if exc.errno in (errno.EACCES, errno.EPERM) or str(exc).startswith("Forbidden"):
+            return "permission"  # gcsfs raises a plain OSError("Forbidden: ...") for a 403
+        return "permanent"
+    return None
+
+
+def no_such_bucket(exc: BaseException) -> bool:
+    """Whether a "not found" is about the bucket (s3fs says so; gcsfs cannot tell)."""
+    text = f"{exc} {exc.__cause__}"
+    return "NoSuchBucket" in text or "specified bucket does not exist" in text
+
+
+@dataclass(frozen=True)
+class RetryPolicy:
+    """How :class:`FsspecStore` retries a transient failure: bounded exponential backoff with
+    full jitter. Before retry ``k`` (1, 2, ...) it sleeps a uniformly random time in
+    ``[0, min(cap, base * 2**(k - 1))]``, so that clients retrying after one hiccup spread out;
+    with the defaults all retries together wait at most 0.05 + 0.1 + 0.2 = 0.35 s.
+
+    Parameters
+    ----------
+    attempts : int
+        Tries in all, the first included; 1 turns retries off. 4, because gcsfs and s3fs retry
+        HTTP 429 and 5xx themselves (6 and 5 times, over seconds): this layer catches what they
+        let through (a reset mid-body, a timeout of fsspec's event loop) and should not
+        multiply their waits.
+    base : float
+        Seconds (at most) before the first retry: 0.05, about a round trip to a bucket nearby.
+    cap : float
+        The most seconds one wait can take: 2.
+
+    Raises
+    ------
+    ValueError
+        If a setting is out of range.
+    """
+
+    attempts: int = 4
+    base: float = 0.05
+    cap: float = 2.0
+
+    def __post_init__(self) -> None:
+        if type(self.attempts) is not int or self.attempts < 1:
+            raise ValueError(f"attempts must be an integer >= 1, got {self.attempts!r}")
+        for name in ("base", "cap"):
+            value = getattr(self, name)
+            if not isinstance(value, int | float) or not 0 <= value < float("inf"):
+                raise ValueError(f"{name} must be a finite number of seconds >= 0, got {value!r}")
+
+    def backoff(self, retry: int) -> float:
+        """Seconds to wait before retry number ``retry`` (1 for the first)."""
+        return random.uniform(0.0, min(self.cap, self.base * 2.0 ** (retry - 1)))
+
+
+def vanished_error(url: str) -> StoreError:
+    """The error of a commit whose target vanished each time it was found to exist."""
+    return StoreError(
+        f"cannot commit {url}: it vanished each time it was found to exist; check what else "
+        "removes files in this store"
+    )

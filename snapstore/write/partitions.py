@@ -1,0 +1,289 @@
+"""Partitioned writes: a stage over a list of inputs, written and committed partition by partition.
+
+Pure and engine-free: :func:`write_partition` writes one partition and commits it as a small
+snapshot of its own under ``<fp>/parts/<p>`` (same files and commit protocol as a whole
+snapshot), and :func:`commit_partitions` assembles the finished partitions into the snapshot:
+one block index over all of them and a manifest whose shard entries point into the partitions'
+runs (``"dir"``). A crash between the two loses nothing but the current partition: a rerun
+finds the finished ones by their commit records and computes the rest. The written order is
+the partitions' in order, whoever computed each.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from ..errors import FormatError, SchemaError
+from ..format import layout as fmt
+from ..format.checksums import WRITTEN
+from ..format.inference import merge_stored
+from ..format.schema import Schema
+from ..read.reader import SnapshotReader
+from ..storage.claims import CLAIMS_DIR, remove_claims
+from ..storage.listing import list_prefixes, listing_workers, map_concurrently
+from ..storage.store import Store
+from .writer import (
+    Columns,
+    ProgressCallback,
+    SnapshotWriter,
+    WriteOptions,
+    build_manifest,
+    new_run_id,
+    publish,
+)
+
+__all__ = [
+    "PartitionStatus",
+    "commit_partitions",
+    "partition_dir",
+    "partition_done",
+    "partition_status",
+    "remove_partition_claims",
+    "write_partition",
+]
+
+PARTS_DIR = "parts"
+
+
+def partition_dir(fingerprint: str, partition: int) -> str:
+    """Where partition ``partition`` of ``fingerprint`` lives, relative to the root."""
+    return f"{fingerprint}/{PARTS_DIR}/{partition:06d}"
+
+
+def partition_done(store: Store, fingerprint: str, partition: int) -> bool:
+    """Whether the partition is committed."""
+    return store.exists(f"{partition_dir(fingerprint, partition)}/{fmt.COMMIT_NAME}")
+
+
+@dataclass(frozen=True)
+class PartitionStatus:
+    """What listings say about a partitioned stage's partitions.
+
+    Attributes
+    ----------
+    committed : frozenset of int
+        The partitions with a commit record.
+    claims : dict
+        For each partition not committed whose claims directory holds files, their names (to
+        judge the claim with :func:`snapstore.storage.claims.inspect_claim`); partitions with no
+        claim
+        file are absent.
+    """
+
+    committed: frozenset[int] = frozenset()
+    claims: dict[int, list[str]] = field(default_factory=dict)
+
+
+# Partitions per prefix listing, at least: 10**2, so that a listing of partitions of a few
+# shards each fits one page of 1,000 objects. Coarser (10**3, ...) only when finer would take
+# more listings than are sent at once (listing_workers), i.e. beyond 12,800 partitions.
+_MIN_GROUP_DIGITS = 2
+
+
+def status_prefixes(partitions: Iterable[int]) -> list[str]:
+    """Prefixes (of the ``parts`` directory's names) that together cover ``partitions``: as
+    fine as lets all their listings be in flight at once."""
+    names = {partition_dir("", p).rsplit("/", 1)[-1] for p in partitions}
+    for digits in range(_MIN_GROUP_DIGITS, 8):
+        prefixes = {name[: max(len(name) - digits, 0)] for name in names}
+        if len(prefixes) <= listing_workers:
+            break
+    return sorted(prefixes)
+
+
+def partition_status(store: Store, fingerprint: str, partitions: Iterable[int]) -> PartitionStatus:
+    """Which of ``partitions`` are committed and which have claim files, from listings of the
+    ``parts`` directory (:func:`status_prefixes`) sent all at once: about
+    ``ceil(objects per listing / 1000)`` round trips on an object store, not one per
+    partition."""
+    wanted = {partition_dir("", p).rsplit("/", 1)[-1]: p for p in partitions}
+    tree = list_prefixes(store, f"{fingerprint}/{PARTS_DIR}", status_prefixes(wanted.values()))
+    committed: set[int] = set()
+    claimed: dict[int, list[str]] = {}
+    for rel in tree:
+        name, _, inside = rel.partition("/")
+        p = wanted.get(name)
+        if p is None:
+            continue
+        if inside == fmt.COMMIT_NAME:
+            committed.add(p)
+        elif inside.startswith(f"{CLAIMS_DIR}/") and not inside.endswith("/"):
+            claimed.setdefault(p, []).append(inside[len(CLAIMS_DIR) + 1 :])
+    claims = {p: sorted(n) for p, n in claimed.items() if p not in committed}
+    return PartitionStatus(frozenset(committed), claims)
+
+
+def remove_partition_claims(store: Store, fingerprint: str, partitions: Iterable[int]) -> None:
+    """Best effort, once the snapshot is committed: delete the claims directories that
+    listings show under ``partitions``, concurrently (not one request per partition)."""
+    ids = list(partitions)
+    wanted = {partition_dir("", p).rsplit("/", 1)[-1] for p in ids}
+    tree = list_prefixes(store, f"{fingerprint}/{PARTS_DIR}", status_prefixes(ids))
+    held = sorted({rel.split("/", 1)[0] for rel in tree if rel.split("/")[1:2] == [CLAIMS_DIR]})
+    where = [f"{fingerprint}/{PARTS_DIR}/{name}" for name in held if name in wanted]
+    map_concurrently(lambda w: remove_claims(store, w), where)
+
+
+def write_partition(
+    store: Store,
+    fingerprint: str,
+    partition: int,
+    samples: Callable[[], Iterable[Mapping[str, Any] | Columns]],
+    *,
+    schema: Schema | None = None,
+    options: WriteOptions | None = None,
+    progress: ProgressCallback | None = None,
+) -> bool:
+    """Compute one partition (``samples()``) and commit it; on any error nothing is committed.
+
+    Returns
+    -------
+    bool
+        True if this call's run became the partition, False if another job committed it first.
+    """
+    extra = {"partition": partition, "snapshot": fingerprint}
+    writer = SnapshotWriter(
+        store,
+        partition_dir(fingerprint, partition),
+        extra,
+        schema=schema,
+        options=options,
+        progress=progress,
+    )
+    try:
+        for sample in samples():
+            writer.add(sample)
+    except BaseException:
+        writer.abort()
+        raise
+    return writer.commit()
+
+
+def _check_checksums(readers: list[SnapshotReader], ids: list[int], fingerprint: str) -> None:
+    """Refuse partitions whose blocks carry another checksum than this version writes: the
+    assembled manifest names one algorithm for every block."""
+    for p, reader in zip(ids, readers):
+        if reader.checksum is not WRITTEN:
+            raise FormatError(
+                f"partition {p} of {fingerprint} has {reader.checksum.name} block checksums "
+                f"(format version {reader.manifest.get('format_version')}); this snapstore "
+                f"assembles {WRITTEN.name} ones. Remove {partition_dir(fingerprint, p)} "
+                "and compute the partition again."
+            )
+
+
+def commit_partitions(
+    store: Store,
+    fingerprint: str,
+    partitions: int | Sequence[int],
+    manifest_extra: Mapping[str, Any] | None = None,
+    *,
+    schema: Schema | None = None,
+) -> bool:
+    """Assemble committed partitions into the snapshot and commit it, in the order given.
+
+    Parameters
+    ----------
+    partitions : int or sequence of int
+        A count ``n`` means partitions ``0 .. n-1``; a sequence names the partition ids (an
+        engine's task indices need not be consecutive).
+
+    Raises
+    ------
+    FormatError
+        If a partition is not committed.
+    SchemaError
+        If partitions inferred different schemas (declare one with ``schema=``).
+
+    Returns
+    -------
+    bool
+        True if this call committed the snapshot, False if another job had already.
+    """
+    ids = list(range(partitions)) if isinstance(partitions, int) else [int(p) for p in partitions]
+    if len(set(ids)) != len(ids):
+        raise ValueError(f"partitions: expected distinct partition ids, found {ids}")
+    committed = partition_status(store, fingerprint, ids).committed
+    for p in ids:
+        if p not in committed:
+            raise FormatError(
+                f"partition {p} of {fingerprint} under {store.url} is not committed; "
+                "compute it before assembling the snapshot"
+            )
+    # One reader per partition (commit record, manifest, index), opened concurrently.
+    readers = map_concurrently(lambda p: SnapshotReader(store, partition_dir(fingerprint, p)), ids)
+    _check_checksums(readers, ids, fingerprint)
+    merged = _merged_schema(readers, ids, schema, fingerprint)
+    index, shards = _joined(readers, fingerprint)
+    index_bytes = fmt.write_index(index)
+    run = new_run_id()
+    manifests = [r.manifest for r in readers]
+    manifest = build_manifest(
+        fingerprint,
+        run,
+        manifest_extra or {},
+        schema=merged,
+        schema_declared=schema is not None,
+        totals={
+            "num_samples": sum(int(m["num_samples"]) for m in manifests),
+            "num_blocks": len(index),
+            "raw_bytes": sum(int(m["raw_bytes"]) for m in manifests),
+            "stored_bytes": sum(int(m["stored_bytes"]) for m in manifests),
+        },
+        shards=shards,
+        index_bytes=index_bytes,
+        write_options=manifests[0].get("write_options", {}) if manifests else {},
+        more={
+            "partitions": len(ids),
+            **({} if ids == list(range(len(ids))) else {"partition_ids": ids}),
+        },
+    )
+    won = publish(store, fingerprint, run, index_bytes, manifest)
+    if not won:
+        store.remove_tree(f"{fingerprint}/runs/{run}")
+    return won
+
+
+def _joined(
+    readers: list[SnapshotReader], fingerprint: str
+) -> tuple[np.ndarray[Any, Any], list[dict[str, Any]]]:
+    """The partitions' block indexes as one (shard numbers offset) and their shard entries,
+    each pointing into its partition's run with ``dir``."""
+    indexes: list[np.ndarray[Any, Any]] = []
+    shards: list[dict[str, Any]] = []
+    for reader in readers:
+        index = reader.index.copy()
+        index["shard"] += len(shards)
+        indexes.append(index)
+        run_dir = reader.run_dir.removeprefix(f"{fingerprint}/")
+        for entry, name in zip(reader.manifest["shards"], reader.shard_paths):
+            shards.append({**entry, "path": name.rsplit("/", 1)[-1], "dir": run_dir})
+    index = np.concatenate(indexes) if indexes else np.zeros(0, fmt.INDEX_DTYPE)
+    return index, shards
+
+
+def _merged_schema(
+    readers: list[SnapshotReader], ids: list[int], declared: Schema | None, fp: str
+) -> Schema:
+    if declared is not None:
+        return declared
+    found: Schema | None = None
+    for p, reader in zip(ids, readers):
+        if not len(reader):
+            continue  # an empty partition inferred nothing
+        if found is None:
+            found = reader.schema
+            continue
+        merged = merge_stored(found, reader.schema)
+        if merged is None:
+            raise SchemaError(
+                f"partitions of {fp} inferred different schemas: partition {p} has "
+                f"{reader.schema.to_json()}, earlier ones {found.to_json()}. Declare the "
+                "schema with snapshot(..., schema=...) so every partition writes the same types."
+            )
+        found = merged  # one partition saw None where another did not: the field is nullable
+    return found or Schema(())
