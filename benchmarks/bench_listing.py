@@ -1,13 +1,12 @@
 """Partition status from listings: 10,000 partitions on fake-gcs-server at 50 ms a request.
 
 gcsfs -> snapstore.storage.simulate's LatencyFileSystem (``--ttfb`` per request, a listing paged
-1,000
-objects a request, every request recorded) -> fake-gcs-server (in memory). The stage is being
-resumed: most partitions are committed, some hold the claims of a job that crashed, the rest
-are pending. Measured in one run: the old way (one ``exists`` per partition, timed on a sample
-and scaled: all of them would take minutes), one recursive listing of ``parts/``, and what a
-partitioned stage does now (prefix listings in parallel, then the claims it saw read
-concurrently). Round trips are groups of overlapping requests (``simulate.round_trips``).
+1,000 objects a request, every request recorded) -> fake-gcs-server (in memory). The stage is being
+resumed: most partitions are committed, some hold the claims of a job that crashed, the rest are
+pending. Measured in one run: the old way (one ``exists`` per partition, timed on a sample and
+scaled: all of them would take minutes), one recursive listing of ``parts/``, and what a partitioned
+stage does now (prefix listings in parallel, then the claims it saw read concurrently). Round trips
+are groups of overlapping requests (``simulate.round_trips``).
 
     python benchmarks/bench_listing.py                     # 10,000 partitions
     python benchmarks/bench_listing.py --partitions 300    # smoke run

@@ -6,8 +6,7 @@ before any encoding, for each kind a field can hold.
 
 The schema is inferred from the first 256 samples (as the writer does from its first block);
 the check (``snapstore.format.checks.sample_checker``) then runs over pre-built samples, so the
-figure
-is the check alone, not the generator's work. Target: <= 3 us per sample for every kind.
+figure is the check alone, not the generator's work. Target: <= 3 us per sample for every kind.
 """
 
 from __future__ import annotations

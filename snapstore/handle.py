@@ -11,8 +11,7 @@ a child. What the parent read and verified (commit record, manifest, a block ind
 parent's pin (see :mod:`snapstore.storage.pins`). The handle carries its store with
 :func:`portable` and
 :func:`reopen`, which live with the stores in :mod:`snapstore.storage.travel` (engine and Ray
-workers
-use them too) and are importable from here as well.
+workers use them too) and are importable from here as well.
 """
 
 from __future__ import annotations

@@ -16,11 +16,10 @@ How a write survives retries. Ray retries a write task (a worker or node dies; w
 ``ray_remote_args={"retry_exceptions": True}`` also an exception) with the same blocks and the
 same task index. Every attempt writes into a run directory of its own
 (:func:`snapstore.write.writer.new_run_id`) and commits the partition create-if-absent, so an
-attempt
-either becomes the partition or is discarded: no row is ever written twice. Partition ids are
-``job * 10**6 + task index`` with ``job`` a random number per datasink, so partitions left by
-another job (a concurrent one, or one that failed) are never mixed into this job's snapshot,
-however differently that job split the rows into tasks.
+attempt either becomes the partition or is discarded: no row is ever written twice. Partition ids
+are ``job * 10**6 + task index`` with ``job`` a random number per datasink, so partitions left by
+another job (a concurrent one, or one that failed) are never mixed into this job's snapshot, however
+differently that job split the rows into tasks.
 
 How a running write is kept from gc. The driver claims the fingerprint in
 :meth:`SnapshotDatasink.on_write_start` and renews the claim on a heartbeat thread until the
@@ -168,9 +167,8 @@ class SnapshotDatasink(Datasink[PartitionWritten]):
         What the data is; recorded as the stage name.
     key : object
         Plain data identifying the contents (see
-        :func:`snapstore.fingerprint.digest.fingerprint_key`).
-        Writing the same rows under the same name and key gives the same fingerprint, through
-        Ray or not.
+        :func:`snapstore.fingerprint.digest.fingerprint_key`). Writing the same rows under the same
+        name and key gives the same fingerprint, through Ray or not.
     version : str, optional
         The user's version, part of the fingerprint.
     schema : Schema or mapping, optional

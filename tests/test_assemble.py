@@ -1,8 +1,8 @@
 """Batches assembled on the assembler thread (snapstore.read.assemble, snapstore.format.handoff)
-equal what the
-former consumer-thread assembly made, exactly (types, dtypes, shapes, key order), for every field
-kind and any seed, epoch, rank and worker split; and every sample in them equals ``sample(i)``
-in the plan's order. Errors reach the consumer unchanged; closing mid-epoch stops the threads."""
+equal what the former consumer-thread assembly made, exactly (types, dtypes, shapes, key order), for
+every field kind and any seed, epoch, rank and worker split; and every sample in them equals
+``sample(i)`` in the plan's order. Errors reach the consumer unchanged; closing mid-epoch stops the
+threads."""
 
 from __future__ import annotations
 

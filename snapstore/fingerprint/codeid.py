@@ -4,10 +4,9 @@ A :class:`CodeWalk` starts at the stage and visits, once each, every function an
 *user's* code it reaches, giving each a digest keyed by ``module.qualname`` (the module name as
 imported: ``helpers``, ``pkg.helpers``; a script run as ``python prep.py`` or ``python -m prep``
 is named as ``import prep`` names it, see :mod:`snapstore.fingerprint.importname`; code with no
-file keeps
-``__main__``). Library code is not read: it is named, and its distribution and version are
-recorded. The code part hashes the stage's identity, every ``key -> digest`` and every
-``package -> version``.
+file keeps ``__main__``). Library code is not read: it is named, and its distribution and version
+are recorded. The code part hashes the stage's identity, every ``key -> digest`` and every ``package
+-> version``.
 
 A function's identity covers:
 

@@ -3,8 +3,7 @@
 A fingerprint is sha256 over named parts, each itself a sha256 hex digest (scheme 3)::
 
     scheme     FINGERPRINT_SCHEME
-    code       the stage's code and, transitively, the user code it reaches
-    (snapstore.fingerprint.codeid)
+    code       the stage's code and, transitively, the user code it reaches (see codeid)
     arguments  the bound arguments, one digest per name (or hash_value(key(...)))
     inputs     arguments with __snapstore_inputs__() -> {input name: identity}, one per name
     upstream   arguments with __snapstore_upstream__() -> a fingerprint, one per name
@@ -24,12 +23,11 @@ lists and tuples are ordered and distinct; ``1``, ``True`` and ``1.0`` differ; f
 through ``float.hex`` (``-0.0`` differs from ``0.0``, nan is stable). Numpy dtypes and library
 classes hash by qualified name; user functions and classes by their code identity (see
 :mod:`snapstore.fingerprint.codeid`, which also says which code is the user's), and instances of
-user
-dataclasses, enums, namedtuples and callable classes bring their class's code too. An object
-with ``__snapstore_key__()`` hashes as what that returns (its class's code is not read). A
-generator or other iterator is refused: it cannot be hashed without consuming it. Any other type
-is a :class:`FingerprintError` that names where it was found and the ways out, never a silent
-fallback. Changing a rule here or in :mod:`snapstore.fingerprint.codeid` must bump
+user dataclasses, enums, namedtuples and callable classes bring their class's code too. An object
+with ``__snapstore_key__()`` hashes as what that returns (its class's code is not read). A generator
+or other iterator is refused: it cannot be hashed without consuming it. Any other type is a
+:class:`FingerprintError` that names where it was found and the ways out, never a silent fallback.
+Changing a rule here or in :mod:`snapstore.fingerprint.codeid` must bump
 :data:`FINGERPRINT_SCHEME` and regenerate the golden file.
 """
 
@@ -510,8 +508,7 @@ def hash_code(fn: Callable[..., Any], *, ignore_globals: Collection[str] = ()) -
 
     Functions hash by normalized source, defaults, closure and the names they read, following
     the user's functions and classes transitively (:mod:`snapstore.fingerprint.codeid`); library
-    code by
-    name and package version; partials add their arguments, bound methods ``__self__``.
+    code by name and package version; partials add their arguments, bound methods ``__self__``.
 
     Parameters
     ----------

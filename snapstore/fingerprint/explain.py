@@ -1,10 +1,9 @@
 """Why two fingerprints differ, in sentences a person can act on.
 
 :func:`diff_parts` compares the parts and details two
-:class:`~snapstore.fingerprint.digest.Fingerprint`
-records hold (code per function and package, each argument, input files, upstream snapshots,
-version, format): ``snapstore diff`` and the log line on a cache miss print its sentences.
-It is re-exported as ``snapstore.fingerprint.digest.diff_parts``.
+:class:`~snapstore.fingerprint.digest.Fingerprint` records hold (code per function and package, each
+argument, input files, upstream snapshots, version, format): ``snapstore diff`` and the log line on
+a cache miss print its sentences. It is re-exported as ``snapstore.fingerprint.digest.diff_parts``.
 """
 
 from __future__ import annotations

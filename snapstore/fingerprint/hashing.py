@@ -1,8 +1,7 @@
 """Hashing primitives that the code identity (:mod:`snapstore.fingerprint.codeid`) and the value
-hasher
-(:mod:`snapstore.fingerprint.digest`) share: what a hash is fed through (:class:`Sink`), one
-self-delimiting item (:func:`feed_item`), the error that makes a value unhashable, and the
-names and underlying functions of callables.
+hasher (:mod:`snapstore.fingerprint.digest`) share: what a hash is fed through (:class:`Sink`), one
+self-delimiting item (:func:`feed_item`), the error that makes a value unhashable, and the names and
+underlying functions of callables.
 
 The bottom of the fingerprint layer: it imports only :mod:`snapstore.fingerprint.importname`.
 """

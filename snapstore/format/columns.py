@@ -6,10 +6,9 @@ shaped ``(rows, *shape)``; varying arrays keep their flat values and offsets, so
 a slice, not a copy.
 
 For :meth:`snapstore.write.writer.SnapshotWriter.add_batch`, ``normalize_columns``,
-``infer_columns``
-and ``conform_columns`` check a batch given as columns and ``batch_from_columns`` builds a block's
-record batch from slices of them, without a Python object per row; ``column_rows`` names the
-rows a batch stands for.
+``infer_columns`` and ``conform_columns`` check a batch given as columns and ``batch_from_columns``
+builds a block's record batch from slices of them, without a Python object per row; ``column_rows``
+names the rows a batch stands for.
 """
 
 from __future__ import annotations
@@ -206,10 +205,9 @@ def gather(
 
     Fixed-shape and scalar numeric fields come back stacked as one ndarray; varying-shape arrays
     as a :class:`~snapstore.format.ragged.RaggedRows` (the rows' bounds in the blocks, sliced and
-    taken
-    as views, packed or padded batch by batch); str and bytes as lists. Called once per shuffle
-    window, so its per-call work is amortized over thousands of samples. Fields with large rows
-    come back as a :class:`RowCopy`, to be sliced and copied batch by batch: a window-sized
+    taken as views, packed or padded batch by batch); str and bytes as lists. Called once per
+    shuffle window, so its per-call work is amortized over thousands of samples. Fields with large
+    rows come back as a :class:`RowCopy`, to be sliced and copied batch by batch: a window-sized
     copy would be a fresh allocation of tens of MB, paid in page faults every window.
     """
     out: dict[str, Any] = {}

@@ -304,8 +304,7 @@ def select_snapshots(
     """The committed snapshots ``policy`` removes, least recently used first, with the reason.
 
     ``infos`` are :func:`snapstore.manage.catalog.describe` summaries. A snapshot that a reader
-    holds
-    open (``readers`` > 0) is never selected. Pure: decides, removes nothing.
+    holds open (``readers`` > 0) is never selected. Pure: decides, removes nothing.
     """
     now = time.time() if now is None else now
     committed = [i for i in infos if i.get("state") == "committed" and not i.get("readers")]

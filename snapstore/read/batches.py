@@ -60,8 +60,7 @@ class BatchReader:
 
     Made by :meth:`snapstore.Snapshot.batches`. Every consumer yields the same number of batches
     (see :class:`snapstore.format.plan.EpochPlan` for the pad/drop rule); with ``drop_last`` the
-    final
-    short batch is dropped as well. Iterating again repeats the epoch (from the position given
+    final short batch is dropped as well. Iterating again repeats the epoch (from the position given
     to :meth:`set_state`, if any); :meth:`set_epoch` moves to another epoch.
 
     Batches hold fixed-shape and numeric fields as stacked arrays; str and bytes fields as

@@ -5,9 +5,9 @@ manifest's size and checksum; the manifest names the index and shards, each chec
 plain file inside the run. Every block is verified (length and CRC-32) before it is decoded.
 
 Which samples a consumer reads, and in what order, is decided by
-:class:`snapstore.format.plan.EpochPlan`
-(a pure function of the block index, seed, epoch and partition); this module only fetches and
-decodes the blocks the plan names, ahead of the consumer, through :mod:`snapstore.read.prefetch`.
+:class:`snapstore.format.plan.EpochPlan` (a pure function of the block index, seed, epoch and
+partition); this module only fetches and decodes the blocks the plan names, ahead of the consumer,
+through :mod:`snapstore.read.prefetch`.
 """
 
 from __future__ import annotations
@@ -259,8 +259,7 @@ class SnapshotReader:
         """The block index and the sample offsets (``offsets[b]``: block ``b``'s first sample).
 
         From :data:`snapstore.storage.hostindex.MIN_BLOCKS` blocks on, both are mapped from this
-        host's
-        copy (created from the store's ``index.bin`` by the first reader on the host); below
+        host's copy (created from the store's ``index.bin`` by the first reader on the host); below
         that, or where the copy cannot be written, they are private arrays.
         """
         meta = self.manifest["index"]

@@ -17,11 +17,11 @@ The race with removal. A reader reads the commit record and starts reading block
 pin goes out in the background (:class:`ReadGuard`), and once the pin is written the reader reads
 the commit record again (the *confirm-read*). Removal deletes the commit record, then looks for
 live pins and restores the record if one appeared (see
-:func:`snapstore.manage.catalog.remove_snapshot`).
-So if the pin was written before removal looked, removal keeps the snapshot; if after, the
-confirm-read (which comes after the pin) finds the record gone or replaced and the reader stops
-with :class:`~snapstore.errors.SnapshotRemovedError`. A reader whose confirm-read succeeded keeps
-its snapshot; blocks read before it are checksummed, so none is ever wrong, only possibly gone.
+:func:`snapstore.manage.catalog.remove_snapshot`). So if the pin was written before removal looked,
+removal keeps the snapshot; if after, the confirm-read (which comes after the pin) finds the record
+gone or replaced and the reader stops with :class:`~snapstore.errors.SnapshotRemovedError`. A reader
+whose confirm-read succeeded keeps its snapshot; blocks read before it are checksummed, so none is
+ever wrong, only possibly gone.
 """
 
 from __future__ import annotations

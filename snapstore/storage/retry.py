@@ -65,9 +65,9 @@ KIND_HINTS = {
     "permanent": "check that the store is reachable and writable",
 }
 # WebHDFS (and HttpFS) name the NameNode's Java exception in their error JSON;
-# snapstore.storage.webhdfs
-# raises it as an OSError carrying ``remote_exception``. Safe mode (a NameNode starting up),
-# a standby NameNode and RetriableException pass, or may pass, with time: try again.
+# snapstore.storage.webhdfs raises it as an OSError carrying ``remote_exception``. Safe mode (a
+# NameNode starting up), a standby NameNode and RetriableException pass, or may pass, with time: try
+# again.
 _REMOTE_KINDS = {
     "SafeModeException": "transient",
     "RetriableException": "transient",

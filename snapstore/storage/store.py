@@ -195,8 +195,7 @@ class Store(ABC):
         ``prefix``: ``{relative path: size}``, from one recursive listing where the store has
         one (object stores: a listing without delimiter, 1,000 objects a page; see
         :mod:`snapstore.storage.trees`). A directory holding no file appears as ``"name/"`` with
-        size
-        0; a missing ``path`` lists as ``{}``. Files added or removed meanwhile may or may not
+        size 0; a missing ``path`` lists as ``{}``. Files added or removed meanwhile may or may not
         appear, as in any listing."""
         return walk_store(self, path, prefix)
 

@@ -70,8 +70,7 @@ class PartitionStatus:
     claims : dict
         For each partition not committed whose claims directory holds files, their names (to
         judge the claim with :func:`snapstore.storage.claims.inspect_claim`); partitions with no
-        claim
-        file are absent.
+        claim file are absent.
     """
 
     committed: frozenset[int] = frozenset()

@@ -365,9 +365,8 @@ class SnapshotWriter:
             stage yields); other 1-D arrays hold rank-0 arrays; an array of shape
             ``(rows, *shape)`` holds arrays of ``shape``. Row ``i`` is the sample :meth:`add`
             would take, with :func:`snapstore.format.columns.column_rows` giving each column's
-            values.
-            Arrow input may have primitive, string, binary and fixed-size list columns, without
-            nulls.
+            values. Arrow input may have primitive, string, binary and fixed-size list columns,
+            without nulls.
 
         Raises
         ------
