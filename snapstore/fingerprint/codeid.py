@@ -72,16 +72,13 @@ import textwrap
 import tokenize
 import types
 from collections.abc import Collection, Iterator
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from ..errors import FingerprintError
 from .hashing import Sink, Unhashable, feed_item, qualname_of
 from .importname import module_name, spellings
 
-if TYPE_CHECKING:
-    from .digest import Hasher
-
-__all__ = ["CodeWalk", "package_of"]
+__all__ = ["CodeWalk", "ValueEncoder", "package_of"]
 
 log = logging.getLogger(__name__)
 
@@ -390,6 +387,13 @@ class _Item:
     reads: set[tuple[Any, ...]] = dataclasses.field(default_factory=set)
 
 
+class ValueEncoder(Protocol):
+    """What a walk needs of the value hasher (:class:`~snapstore.fingerprint.digest.Hasher`,
+    which sets itself as :attr:`CodeWalk.encoder`): hash a value the code reads into ``h``."""
+
+    def encode(self, h: Sink, value: Any) -> None: ...
+
+
 class CodeWalk:
     """One code-identity walk: every user function and class reached, once each.
 
@@ -405,7 +409,7 @@ class CodeWalk:
         self.ignore = frozenset(ignore_globals)
         self.functions: dict[str, str] = {}
         self.packages: dict[str, str] = {}
-        self.encoder: Hasher | None = None  # the value hasher, which sets itself here
+        self.encoder: ValueEncoder | None = None  # the value hasher, which sets itself here
         self._skip_defaults = skip_defaults
         self._keys: dict[int, str] = {}
         self._objects: list[Any] = []  # keeps each keyed object alive so no id() is reused

@@ -9,12 +9,21 @@ a cache miss print its sentences. It is re-exported as ``snapstore.fingerprint.d
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
-if TYPE_CHECKING:
-    from .digest import Fingerprint
+__all__ = ["FingerprintParts", "diff_parts"]
 
-__all__ = ["diff_parts"]
+
+class FingerprintParts(Protocol):
+    """What :func:`diff_parts` reads of a :class:`~snapstore.fingerprint.digest.Fingerprint`
+    (a protocol, so this module needs nothing of the one that hashes)."""
+
+    @property
+    def parts(self) -> dict[str, str]: ...
+
+    @property
+    def details(self) -> dict[str, Any]: ...
+
 
 _PART_ORDER = ("scheme", "code", "arguments", "inputs", "upstream", "format", "version")
 
@@ -91,7 +100,7 @@ def _input_counts(before: dict[str, Any], after: dict[str, Any]) -> str:
     return ", ".join(f"{n} {what}" for n, what in counts if n) or "changed"
 
 
-def diff_parts(a: Fingerprint, b: Fingerprint) -> list[str]:
+def diff_parts(a: FingerprintParts, b: FingerprintParts) -> list[str]:
     """Sentences saying why ``b`` differs from ``a``, part by part.
 
     Code differences are named per function and package (``code: helpers.normalize changed``,

@@ -13,12 +13,20 @@ import contextlib
 import inspect
 import os
 from collections.abc import Iterator, Mapping
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
-if TYPE_CHECKING:
-    from .store import Store
+__all__ = ["Listable", "find_tree", "takes_prefix", "walk_local", "walk_store"]
 
-__all__ = ["find_tree", "takes_prefix", "walk_local", "walk_store"]
+
+class Listable(Protocol):
+    """What :func:`walk_store` calls: the listing primitives of a
+    :class:`~snapstore.storage.store.Store` (a protocol, so this module needs no store)."""
+
+    def list_dir(self, path: str) -> list[str]: ...
+
+    def is_dir(self, path: str) -> bool: ...
+
+    def size(self, path: str) -> int: ...
 
 
 def _wanted(rel: str, prefix: str) -> bool:
@@ -26,7 +34,7 @@ def _wanted(rel: str, prefix: str) -> bool:
     return rel.startswith(prefix) or prefix.startswith(rel + "/")
 
 
-def walk_store(store: Store, path: str, prefix: str = "") -> dict[str, int]:
+def walk_store(store: Listable, path: str, prefix: str = "") -> dict[str, int]:
     """``list_tree`` from ``list_dir``, ``is_dir`` and ``size``: for stores without a
     recursive listing (one request per entry)."""
     found: dict[str, int] = {}
