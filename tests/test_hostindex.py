@@ -230,7 +230,7 @@ def test_processes_racing_to_make_the_copy(built, index_dir: Path) -> None:
     script = textwrap.dedent(
         f"""
         import sys, time
-        from snapstore import hostindex
+        from snapstore.storage import hostindex
         from snapstore.read.reader import SnapshotReader
         from snapstore.storage.store import LocalStore
         hostindex.MIN_BLOCKS, hostindex._CHUNK_ROWS = 4, 3

@@ -226,7 +226,7 @@ def test_a_reader_that_exits_at_once_leaves_no_pin(tmp_path: Path) -> None:
 
 PINNER = """
 import sys, snapstore
-from snapstore import pins
+from snapstore.storage import pins
 store = snapstore.open_store(sys.argv[1])
 pins.pin(store, sys.argv[2])
 import os; os._exit(0)  # dies without releasing

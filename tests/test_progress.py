@@ -29,7 +29,7 @@ SCRIPT = """
 import logging, sys, threading
 import numpy as np
 import snapstore
-from snapstore import progress
+from snapstore.write import progress
 
 root = sys.argv[1]
 logging.getLogger("snapstore").setLevel(logging.ERROR)  # miss explanations: not on trial here
