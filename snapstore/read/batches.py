@@ -15,7 +15,7 @@ import hashlib
 import logging
 import operator
 from collections.abc import Iterator
-from typing import Any
+from typing import Any, Unpack
 
 import numpy as np
 
@@ -24,6 +24,7 @@ from ..format.handoff import Handoff
 from ..format.plan import EpochPlan, PlanOptions
 from ..format.ragged import FORMS, check_form
 from .assemble import Allocate, BatchBuilder, chunk_rows
+from .options import ReaderOptions, ReaderSettings, reader_options
 from .prefetch import Prefetcher, ReadStats
 from .reader import SnapshotReader
 
@@ -39,6 +40,11 @@ RAGGED_FORMS = FORMS
 # Finished batches the assembler thread may hold ahead of the consumer: one being taken while
 # the next waits covers the consumer's jitter; more would only add memory.
 _READY_BATCHES = 2
+# Read-ahead of a reader whose order is a PlanOptions (the form before ReaderOptions): the
+# default it had then, kept so that such a reader reads as it did.
+_FORMER_PREFETCH_BYTES = 64 << 20
+# The ReaderOptions fields that fix the order: a PlanOptions gives them all.
+_ORDER_SETTINGS = ("shuffle", "seed", "drop_last", "window_bytes", "window_blocks")
 
 
 def _consumer(state: dict[str, Any]) -> tuple[Any, Any]:
@@ -79,37 +85,61 @@ class BatchReader:
     writable, C-contiguous array per ``(shape, dtype)`` of a batch, for all of them at once:
     :class:`snapstore.torch.SnapshotIterableDataset` passes one that puts each batch in one
     shared-memory buffer in DataLoader workers. It is called on the assembler thread.
+
+    Parameters
+    ----------
+    reader : SnapshotReader
+        The snapshot, opened.
+    batch_size : int
+        Samples per batch.
+    options : ReaderOptions or PlanOptions, optional
+        How to read (:class:`snapstore.ReaderOptions`, default ``ReaderOptions()``), as for
+        :meth:`snapstore.Snapshot.batches`. A :class:`snapstore.format.plan.PlanOptions` (the
+        form before ReaderOptions) gives the order alone; the keywords then set only
+        ``prefetch_bytes`` (default 64 MiB, as then), ``max_requests``, ``decode_threads`` and
+        ``ragged``.
+    epoch, rank, world_size, worker, num_workers : int
+        Which epoch, and this consumer's place in the job (see ``Snapshot.batches``).
+    allocate : callable, optional
+        Makes the arrays of each batch (see above).
+    **settings
+        Any field of :class:`snapstore.ReaderOptions` as a keyword, overriding ``options``'s.
+
+    Attributes
+    ----------
+    options : PlanOptions
+        The order: shuffle, seed, window in blocks, drop_last (what a resume state must match).
+    settings : ReaderOptions
+        The options as given, keywords applied; a field left None is chosen when reading
+        (``options.window_blocks``, :attr:`prefetch_bytes`, the reader's threads and requests).
+
+    Raises
+    ------
+    TypeError, ValueError
+        On a bad setting, as :class:`snapstore.ReaderOptions` raises them; TypeError also for a
+        keyword that sets the order beside a PlanOptions.
     """
 
     def __init__(
         self,
         reader: SnapshotReader,
         batch_size: int,
+        options: ReaderOptions | PlanOptions | None = None,
         *,
-        options: PlanOptions,
         epoch: int = 0,
         rank: int = 0,
         world_size: int = 1,
         worker: int = 0,
         num_workers: int = 1,
-        prefetch_bytes: int = 64 << 20,
-        max_requests: int | None = None,
-        decode_threads: int | None = None,
-        ragged: str = "list",
         allocate: Allocate | None = None,
+        **settings: Unpack[ReaderSettings],
     ) -> None:
         if isinstance(batch_size, bool) or operator.index(batch_size) < 1:
             raise ValueError(f"batch_size must be a positive integer, got {batch_size!r}")
-        check_form(reader.schema.flat(), ragged)
-        if prefetch_bytes < 1:
-            raise ValueError(f"prefetch_bytes: expected a positive int, found {prefetch_bytes}")
+        self.options, self.settings = _order_and_settings(reader, options, dict(settings))
+        check_form(reader.schema.flat(), self.settings.ragged)
         self.reader = reader
         self.batch_size = int(batch_size)
-        self.options = options
-        self.ragged = ragged
-        self.prefetch_bytes = prefetch_bytes
-        self.max_requests = max_requests
-        self.decode_threads = decode_threads
         self._place = {"rank": rank, "world_size": world_size}
         self._place |= {"worker": worker, "num_workers": num_workers}
         self.plan = self._plan(epoch)
@@ -119,6 +149,37 @@ class BatchReader:
         self._handoff: Handoff[tuple[dict[str, Any], int]] | None = None
         self.allocate = allocate
         self._stats = ReadStats()
+
+    @property
+    def ragged(self) -> str:
+        """The form of varying-shape fields (``settings.ragged``)."""
+        return self.settings.ragged
+
+    @property
+    def prefetch_bytes(self) -> int:
+        """Decoded bytes read ahead of the window being consumed: ``settings.prefetch_bytes``,
+        by default two windows (at least 64 MiB) on a local store, four (at least 128 MiB) on
+        a remote one."""
+        given = self.settings.prefetch_bytes
+        if given is not None:
+            return given
+        # Enough to read ahead across a window boundary; a remote store needs more in flight
+        # (bandwidth x latency), so it gets twice as much.
+        reader = self.reader
+        window = int(reader.manifest["raw_bytes"]) / max(1, reader.num_blocks)
+        window *= self.options.window_blocks
+        ahead = 2 if reader.store.local else 4
+        return max(ahead * 32 << 20, int(ahead * window))
+
+    @property
+    def max_requests(self) -> int | None:
+        """Cap on requests in flight (``settings.max_requests``; None: the reader's default)."""
+        return self.settings.max_requests
+
+    @property
+    def decode_threads(self) -> int | None:
+        """Decode threads (``settings.decode_threads``; None: the reader's default)."""
+        return self.settings.decode_threads
 
     def _plan(self, epoch: int) -> EpochPlan:
         offsets = self.reader.offsets  # shared with the reader: no private O(blocks) array
@@ -328,3 +389,27 @@ def _cut(pieces: collections.deque[list[Any]], size: int) -> list[tuple[dict[str
         if piece[1] == stop:
             pieces.popleft()
     return parts
+
+
+def _order_and_settings(
+    reader: SnapshotReader, options: ReaderOptions | PlanOptions | None, settings: dict[str, Any]
+) -> tuple[PlanOptions, ReaderOptions]:
+    """A reader's order and its settings, from ``options`` and the keyword ``settings``."""
+    if isinstance(options, PlanOptions):
+        order = [name for name in _ORDER_SETTINGS if name in settings]
+        if order:
+            raise TypeError(
+                f"{order} beside a PlanOptions, which fixes the order: pass a "
+                "snapstore.ReaderOptions instead to set the order by keyword"
+            )
+        former = ReaderOptions(
+            shuffle=bool(options.shuffle),
+            seed=options.seed,
+            drop_last=bool(options.drop_last),
+            window_blocks=options.window_blocks,
+            prefetch_bytes=_FORMER_PREFETCH_BYTES,
+        )
+        return options, former.replace(**settings)
+    read = reader_options(options, settings)
+    blocks = read.window_blocks or reader.window_blocks(read.window_bytes)
+    return PlanOptions(bool(read.shuffle), read.seed, blocks, read.drop_last), read

@@ -48,7 +48,7 @@ import numpy as np
 from ..errors import FormatError, StoreError
 from ..format.layout import BLOCK_ALIGNMENT
 
-__all__ = ["Concurrency", "Prefetcher", "PrefetcherClosedError", "ReadStats"]
+__all__ = ["Concurrency", "PrefetchLimits", "Prefetcher", "PrefetcherClosedError", "ReadStats"]
 
 log = logging.getLogger(__name__)
 
@@ -212,6 +212,54 @@ class _Chunk:
     requests: int = 0  # requests first needed by this chunk
 
 
+@dataclass(frozen=True)
+class PrefetchLimits:
+    """How far and how wide a :class:`Prefetcher` reads ahead: its memory, requests, threads.
+
+    :meth:`snapstore.read.reader.SnapshotReader.prefetch` chooses them for a store (see its
+    defaults); a :class:`snapstore.ReaderOptions` sets the budget, requests and threads.
+
+    Parameters
+    ----------
+    budget_bytes : int
+        Decoded bytes that may be fetched ahead of the chunk the consumer holds (the chunk it
+        waits for is always admitted). Memory is about this plus the consumer's chunk.
+    max_requests : int
+        Most requests in flight at once (the limit adapts below it).
+    initial_requests : int
+        Requests in flight to start with, before anything is measured.
+    decode_threads : int
+        Threads that verify and decode.
+    max_request_bytes : int
+        Coalesce adjacent blocks into requests up to this size (0: never; local stores never
+        coalesce, whatever this says).
+    retries : int
+        Extra attempts for a request after a transient error or a read that came back short.
+
+    Raises
+    ------
+    ValueError
+        If the budget, the requests or the threads are below 1.
+    """
+
+    budget_bytes: int
+    max_requests: int = 64
+    initial_requests: int = 8
+    decode_threads: int = 2
+    max_request_bytes: int = 8 << 20
+    retries: int = 3
+
+    def __post_init__(self) -> None:
+        # In the order SnapshotReader.prefetch has always checked them (threads size requests).
+        for name in ("decode_threads", "max_requests"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name}: expected an int >= 1, found {getattr(self, name)}")
+        if self.budget_bytes < 1:
+            raise ValueError(
+                f"prefetch budget: expected a positive number of bytes, found {self.budget_bytes}"
+            )
+
+
 class Prefetcher:
     """Fetch and decode the blocks of ``chunks`` ahead of the consumer; iterate for the results.
 
@@ -231,21 +279,10 @@ class Prefetcher:
         ``fetch(path, start, length)``: bytes (any buffer) of a range; may return fewer bytes.
     decode : callable
         ``decode(block, data)``: the decoded block; raises on corruption.
-    budget_bytes : int
-        Decoded bytes that may be fetched ahead of the chunk the consumer holds (the chunk it
-        waits for is always admitted). Memory is about this plus the consumer's chunk.
-    max_requests : int
-        Most requests in flight at once.
-    initial_requests : int
-        Requests in flight to start with, before anything is measured.
-    decode_threads : int
-        Threads that verify and decode.
+    limits : PrefetchLimits
+        How far and how wide to read ahead: the byte budget, requests, threads and retries.
     local : bool
         Reads are cheap memory-map slices: run them on the decode threads, one block each.
-    max_request_bytes : int
-        Coalesce adjacent blocks into requests up to this size (not for local stores).
-    retries : int
-        Extra attempts for a request after a transient error or a read that came back short.
     first_part : int
         Yield the first chunk in two parts: its first ``first_part`` indices as soon as the
         blocks they need are decoded, then the rest (0: whole). The requests are the same.
@@ -263,33 +300,25 @@ class Prefetcher:
         paths: list[str],
         fetch: Fetch,
         decode: Decode,
-        budget_bytes: int,
-        max_requests: int = 64,
-        initial_requests: int = 8,
-        decode_threads: int = 2,
+        limits: PrefetchLimits,
         local: bool = False,
-        max_request_bytes: int = 8 << 20,
-        retries: int = 3,
         first_part: int = 0,
         on_requests: Callable[[], None] | None = None,
     ) -> None:
-        if budget_bytes < 1:
-            raise ValueError(
-                f"prefetch budget: expected a positive number of bytes, found {budget_bytes}"
-            )
         self._chunks = iter(chunks)
         self._locate = locate
         self._index = index
         self._paths = paths
         self._fetch = fetch
         self._decode = decode
-        self.budget_bytes = budget_bytes
+        self.limits = limits
+        self.budget_bytes = limits.budget_bytes
         self._local = local
-        self._max_request_bytes = 0 if local else max_request_bytes
-        self._retries = retries
+        self._max_request_bytes = 0 if local else limits.max_request_bytes
+        self._retries = limits.retries
         self._first_part = first_part
         self._on_requests = on_requests
-        self.concurrency = Concurrency(max_requests, initial_requests)
+        self.concurrency = Concurrency(limits.max_requests, limits.initial_requests)
 
         self._cond = threading.Condition()
         self._tickets: dict[int, _Chunk] = {}  # scheduled chunks the consumer has not finished
@@ -313,11 +342,11 @@ class Prefetcher:
         self._started = time.perf_counter()
         self._busy = 0.0  # request-seconds
 
-        self._decoders = ThreadPoolExecutor(max(1, decode_threads), "snapstore-decode")
+        self._decoders = ThreadPoolExecutor(limits.decode_threads, "snapstore-decode")
         # (chunk, sequence, request, data or None): what the decode threads take next.
         self._decodes: list[tuple[int, int, _Request, Any]] = []
         self._decode_seq = itertools.count()
-        self._io = None if local else ThreadPoolExecutor(max_requests, "snapstore-fetch")
+        self._io = None if local else ThreadPoolExecutor(limits.max_requests, "snapstore-fetch")
         self._scheduler = threading.Thread(
             target=self._schedule, name="snapstore-prefetch", daemon=True
         )

@@ -34,7 +34,7 @@ from ..format.plan import EpochPlan, PlanOptions
 from ..format.schema import Schema
 from ..storage import hostindex
 from ..storage.store import Store
-from .prefetch import Fetch, Prefetcher
+from .prefetch import Fetch, Prefetcher, PrefetchLimits
 
 if TYPE_CHECKING:
     from ..storage.pins import ReadGuard
@@ -414,15 +414,23 @@ class SnapshotReader:
             Yield the first chunk's first ``first_part`` samples as soon as their blocks are
             decoded, then the rest of the chunk (e.g. a batch: the first batch does not wait
             for its whole window); 0 yields it whole.
+
+        Raises
+        ------
+        ValueError
+            If the budget, ``max_requests`` or ``decode_threads`` is below 1.
         """
         local = self.store.local
         threads = self.decode_threads if decode_threads is None else decode_threads
-        if threads < 1:
-            raise ValueError(f"decode_threads: expected an int >= 1, found {threads}")
         if max_requests is None:
             max_requests = 2 * threads if local else _MAX_REMOTE_REQUESTS
-        if max_requests < 1:
-            raise ValueError(f"max_requests: expected an int >= 1, found {max_requests}")
+        limits = PrefetchLimits(
+            budget_bytes,
+            max_requests=max_requests,
+            initial_requests=max_requests,
+            decode_threads=threads,
+            max_request_bytes=8 << 20 if self.store.coalesce else 0,
+        )
         return Prefetcher(
             chunks,
             locate=lambda indices: self.locate(indices)[0],
@@ -430,12 +438,8 @@ class SnapshotReader:
             paths=self.shard_paths,
             fetch=fetch or self._fetch,
             decode=self._decode,
-            budget_bytes=budget_bytes,
-            max_requests=max_requests,
-            initial_requests=max_requests,
-            decode_threads=threads,
+            limits=limits,
             local=local,
-            max_request_bytes=8 << 20 if self.store.coalesce else 0,
             first_part=first_part,
             on_requests=None if self.guard is None else self.guard.start,
         )
