@@ -41,12 +41,23 @@ def squares(items: list[int], log: str = "", fail_at: int = -1, crash_at: int = 
         if log:
             with open(log, "a") as f:
                 f.write(f"{item} {os.getpid()}\n")
+            meet_others(Path(log))
         if item == fail_at:
             raise RuntimeError(f"item {item} is bad")
         if item == crash_at:
             os._exit(3)  # the worker process dies without a word
         for i in range(4):
             yield {"item": item, "i": i, "v": np.full(8, item * i, np.int64)}
+
+
+def meet_others(log: Path) -> None:
+    """With $MEET_WORKERS=n, wait (up to 60 s) until n processes have logged: a worker that
+    started first would otherwise take every partition on a busy machine before the others
+    are up, and a test of how many workers did the work would depend on timing."""
+    wanted = int(os.environ.get("MEET_WORKERS", "0"))
+    deadline = time.monotonic() + 60
+    while len({pid for _, pid in logged(log)}) < wanted and time.monotonic() < deadline:
+        time.sleep(0.01)
 
 
 def logged(log: Path) -> list[tuple[int, int]]:
@@ -66,8 +77,11 @@ def values(snap: snapstore.Snapshot) -> list[tuple[int, int, int]]:
     return [(int(s["item"]), int(s["i"]), int(s["v"].sum())) for s in snap]
 
 
-def test_process_engine_writes_what_one_process_writes(tmp_path: Path) -> None:
+def test_process_engine_writes_what_one_process_writes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     log = tmp_path / "log"
+    monkeypatch.setenv("MEET_WORKERS", "2")  # each partition waits until both workers are up
     snap = stage(tmp_path / "a", engine="process", workers=2)(list(range(6)), log=str(log))
     plain = snapstore.snapshot(squares, root=tmp_path / "b", ignore=("log", "fail_at", "crash_at"))(
         list(range(6))
