@@ -29,7 +29,7 @@ from .oldpaths import MOVED, install, moved_module
 from .read import BatchReader, ReaderOptions, ReadStats
 from .snapshot import Snapshot, Stage, open, snapshot
 from .storage import FsspecStore, LocalStore, RetryPolicy, Store, default_root, open_store
-from .write import Columns, WriteOptions
+from .write import Columns, StageOptions, WriteOptions
 
 install()  # `import snapstore.store` and the other old module paths keep working
 
@@ -62,6 +62,7 @@ __all__ = [
     "SnapstoreError",
     "Stage",
     "StageError",
+    "StageOptions",
     "Store",
     "StoreError",
     "WriteOptions",

@@ -10,23 +10,13 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import inspect
 import logging
 import os
-import shutil
-import tempfile
 import weakref
-from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any, TypeVar, Unpack, overload
 
-from .errors import (
-    BusyError,
-    FormatError,
-    SnapshotNotFoundError,
-    SnapshotRemovedError,
-    SnapstoreError,
-    StageError,
-)
+from .errors import FormatError, SnapshotNotFoundError, SnapshotRemovedError
 from .fingerprint.digest import Fingerprint, fingerprint_stage
 from .fingerprint.explain import diff_parts
 from .fingerprint.importname import module_name
@@ -39,18 +29,17 @@ from .read.options import ReaderOptions, ReaderSettings, reader_options
 from .read.reader import (
     SnapshotMetadata,
     SnapshotReader,
-    load_manifest,
     read_metadata,
     read_record,
     removed_message,
 )
 from .storage import claims, pins
-from .storage.store import LocalStore, Store, open_store
-from .write.engines import Engine, PartitionTask, make_engine
-from .write.parallel import PartitionJob, compute_partitions
-from .write.partitions import commit_partitions, remove_partition_claims
-from .write.progress import ProgressArg, Reporter, holder_text, open_reporter, tee
-from .write.writer import ProgressCallback, SnapshotWriter, WriteOptions
+from .storage.store import Store, open_store
+from .write import jobs
+from .write.jobs import StageJob, log_found, run_job
+from .write.progress import ProgressArg, Reporter
+from .write.stageoptions import StageOptions, StageSettings, stage_options
+from .write.writer import ProgressCallback
 
 __all__ = ["Snapshot", "Stage", "open", "resolve_fingerprint", "snapshot"]
 
@@ -66,9 +55,8 @@ def _stage_name(fn: Callable[..., Any]) -> str:
     return f"{module}.{getattr(fn, '__qualname__', repr(fn))}"
 
 
-def _remove_owned(directory: str, owner: int) -> None:
-    if os.getpid() == owner:
-        shutil.rmtree(directory, ignore_errors=True)
+# The pass-through directory's finalizer, by its old name here (tests/test_snapshot.py).
+_remove_owned = jobs.remove_owned
 
 
 def _renamed_note(old: str, new: str) -> str:
@@ -172,7 +160,7 @@ class Snapshot:
         if self._record is not None:
             if not self._hit_logged:  # once per handle: reading materializes again
                 self._hit_logged = True
-                _log_found(self)
+                log_found(self.store, self.fingerprint)
             return self
         if self._stage is None:
             raise SnapshotNotFoundError(
@@ -192,7 +180,7 @@ class Snapshot:
                     self.materialize()
             elif not self._hit_logged:
                 self._hit_logged = True
-                _log_found(self, manifest=known.manifest)
+                log_found(self.store, self.fingerprint, manifest=known.manifest)
             self._reader = self._new_reader(known)
             if self._guard is None and not self._pinned_elsewhere:
                 # Pinned in the background, so that cleaning never removes the snapshot under
@@ -344,104 +332,59 @@ class Snapshot:
         self.close()
 
 
-def _log_found(snap: Snapshot, how: str = "", manifest: dict[str, Any] | None = None) -> None:
-    """One INFO line for a cache hit, ``how`` appended (the manifest is read, unless given,
-    only when INFO is logged)."""
-    if not log.isEnabledFor(logging.INFO):
-        return
-    try:
-        manifest = manifest or load_manifest(snap.store, snap.fingerprint)
-    except (SnapstoreError, OSError):  # reading it says what is wrong; a log line need not
-        log.debug("snapstore: cannot read the manifest of %s", snap.fingerprint, exc_info=True)
-        return
-    log.info(
-        "snapstore: found snapshot %s of %s under %s (%d samples, %s bytes stored)%s",
-        snap.fingerprint, manifest.get("stage") or "?", snap.store.url,
-        int(manifest["num_samples"]), f"{int(manifest['stored_bytes']):,}", how,
-    )  # fmt: skip
-
-
 class Stage:
-    """A function wrapped by :func:`snapshot`; calling it returns a :class:`Snapshot`."""
+    """A function wrapped by :func:`snapshot`; calling it returns a :class:`Snapshot`.
+
+    Parameters
+    ----------
+    fn : callable
+        A function returning or yielding sample dicts.
+    config : StageOptions, optional
+        The stage's settings (see :class:`snapstore.StageOptions`), kept as ``stage.config``.
+    **settings
+        Any field of :class:`snapstore.StageOptions` as a keyword, overriding ``config``'s.
+
+    Raises
+    ------
+    TypeError, ValueError
+        On a bad setting, as :class:`snapstore.StageOptions` raises them, or if ``fn`` is not
+        callable or ``partition_by`` is not one of its parameters.
+    """
 
     def __init__(
         self,
         fn: Callable[..., Iterable[Mapping[str, Any]]],
-        *,
-        root: Root = None,
-        version: str | None = None,
-        key: Callable[..., Any] | None = None,
-        ignore: Collection[str] = (),
-        ignore_globals: Collection[str] = (),
-        schema: Schema | Mapping[str, Any] | None = None,
-        options: WriteOptions | None = None,
-        on_busy: str = "wait",
-        lease: float = 60.0,
-        partition_by: str | None = None,
-        partition_size: int = 1,
-        engine: str | Engine | None = None,
-        workers: int | None = None,
+        config: StageOptions | None = None,
+        **settings: Unpack[StageSettings],
     ) -> None:
         if not callable(fn):
             raise TypeError(
                 f"snapshot() wraps a function that yields samples; got {type(fn).__name__}"
             )
         self.fn = fn
-        self.root = root
-        self.version = version
-        self.key = key
-        self.ignore = tuple(ignore)
-        self.ignore_globals = tuple(ignore_globals)
-        self.schema = (
-            schema if schema is None or isinstance(schema, Schema) else Schema.declare(schema)
-        )
-        self.options = options or WriteOptions()
-        if on_busy not in ON_BUSY:
-            raise ValueError(f"on_busy: expected one of {ON_BUSY}, found {on_busy!r}")
-        if not isinstance(lease, (int, float)) or not lease > 0:
-            raise ValueError(f"lease: expected a positive number of seconds, found {lease!r}")
-        self.on_busy = on_busy
-        self.lease = float(lease)
-        if partition_by is not None and partition_by not in inspect.signature(fn).parameters:
-            raise ValueError(
-                f"partition_by={partition_by!r} is not a parameter of {_stage_name(fn)}; "
-                "name the argument that holds the list of inputs to split"
-            )
-        if isinstance(partition_size, bool) or not isinstance(partition_size, int):
-            raise TypeError(f"partition_size: expected an int, found {partition_size!r}")
-        if partition_size < 1:
-            raise ValueError(f"partition_size: expected an int >= 1, found {partition_size}")
-        self.partition_by = partition_by
-        self.partition_size = partition_size
-        if (engine is not None or workers is not None) and partition_by is None:
-            raise ValueError(
-                f"engine and workers apply to partitioned stages; {_stage_name(fn)} has no "
-                "partition_by. Add partition_by='<the argument holding the inputs>' to split "
-                "the work into partitions the engine can run in parallel."
-            )
-        make_engine(engine, workers)  # fail here on a bad name
-        self.engine = engine
-        self.workers = workers
-        self.clock: claims.Clock = claims.SystemClock()
         self.name = _stage_name(fn)
+        self.config = stage_options(config, settings, "Stage()")
+        self.config.check_function(fn, self.name)
+        self.clock: claims.Clock = claims.SystemClock()
         functools.update_wrapper(self, fn)
 
     def fingerprint(self, *args: Any, **kwargs: Any) -> Fingerprint:
         """The fingerprint of a call, without running anything."""
+        config = self.config
         return fingerprint_stage(
             self.fn,
             args,
             kwargs,
             format_version=fmt.FORMAT_VERSION,
-            version=self.version,
-            key=self.key,
-            ignore=self.ignore,
-            ignore_globals=self.ignore_globals,
+            version=config.version,
+            key=config.key,
+            ignore=config.ignore,
+            ignore_globals=config.ignore_globals,
         )
 
     def __call__(self, *args: Any, **kwargs: Any) -> Snapshot:
         fp = self.fingerprint(*args, **kwargs)
-        return Snapshot(open_store(self.root), fp, stage=self, args=args, kwargs=kwargs)
+        return Snapshot(open_store(self.config.root), fp, stage=self, args=args, kwargs=kwargs)
 
     def explain_miss(self, snap: Snapshot, doing: str = "computing it") -> dict[str, Any] | None:
         """Why no snapshot was found: the difference from this stage's most recent snapshot
@@ -466,191 +409,46 @@ class Stage:
         )  # fmt: skip
         return {"previous": previous, "differences": differences}
 
+    def job(self, snap: Snapshot) -> StageJob:
+        """What the write layer needs to materialize ``snap`` (see :mod:`snapstore.write.jobs`)."""
+        fp = snap._fp
+        manifest = {
+            "stage": self.name,
+            "fingerprint_parts": fp.parts if fp else {},
+            "fingerprint_details": fp.details if fp else {},
+            "version": self.config.version,
+        }
+        explain = functools.partial(self.explain_miss, snap)
+        args, kwargs = snap._args, snap._kwargs
+        return StageJob(
+            snap, self.fn, self.name, args, kwargs, self.config, self.clock, manifest, explain
+        )
+
     def write(self, snap: Snapshot, progress: ProgressArg | Reporter = None) -> None:
         """Materialize ``snap``: claim it and compute, or wait for the job that holds the claim
         (or pass through, or raise, per ``on_busy``); on any error nothing is visible.
         ``progress`` as for :meth:`Snapshot.materialize`; its display is closed on every path."""
-        reporter = open_reporter(progress, self.name, self.clock)
-        ok = False
-        try:
-            if self.partition_by is not None:
-                self._write_partitioned(snap, reporter)
-            else:
-                self._write_claimed(snap, reporter)
-            ok = True
-        finally:
-            reporter.close(ok)
-
-    def _write_claimed(self, snap: Snapshot, reporter: Reporter) -> None:
-        watched: dict[str, Any] = {"lease": self.lease}
-        announced = False
-        while True:
-            claim, state = claims.acquire(
-                snap.store, snap.fingerprint, lease=self.lease, clock=self.clock, watched=watched
-            )
-            if claim is not None:
-                break
-            if snap.committed:
-                _log_found(snap, ", committed meanwhile by another job")
-                reporter.finish("committed meanwhile by another job")
-                return
-            if self.on_busy == "pass":
-                doing = f"computing it without storing it, since {state.describe()} holds it"
-                snap.miss_explanation = self.explain_miss(snap, doing)
-            if self._busy(snap, reporter, f"snapshot {snap.fingerprint} of {self.name}", state):
-                return
-            if not announced:
-                doing = f"waiting for {state.describe()}, which is computing it"
-                snap.miss_explanation = self.explain_miss(snap, doing)
-                log.info(
-                    "snapstore: waiting for %s, which is computing %s of %s (lease %.0f s)",
-                    state.describe(), snap.fingerprint, self.name, self.lease,
-                )  # fmt: skip
-                announced = True
-            reporter.waiting(f"waiting for {holder_text(state)}")
-            self.clock.sleep(min(self.lease / 4, 2.0))
-            if snap.committed:
-                _log_found(snap, f", committed by {state.describe()}, which this job waited for")
-                reporter.finish(f"committed by {state.describe()}, which this job waited for")
-                return
-        reporter.waiting(None)
-        report = tee(claim.report, reporter)  # the heartbeats carry it to jobs that wait
-        try:
-            with claim:
-                if not snap.committed:  # else committed between our check and our claim
-                    if not announced:  # a job that waited explained the miss then (and the
-                        # takeover of the claim it waited for is logged by claims.acquire)
-                        snap.miss_explanation = self.explain_miss(snap)
-                    self._compute(snap, report)
-        except BaseException:
-            # The attempt failed (a Ctrl-C too): its claim files would show in ls and gc as a
-            # leftover. Claim.abandon keeps them if another job has claimed since.
-            claim.abandon((f"{snap.fingerprint}/runs", snap.fingerprint))
-            raise
-        claims.remove_claims(snap.store, snap.fingerprint)  # committed: nobody needs them
-
-    def partition_calls(self, snap: Snapshot) -> list[tuple[tuple[Any, ...], dict[str, Any]]]:
-        """The stage call split on ``partition_by``: ``(args, kwargs)`` per partition."""
-        bound = inspect.signature(self.fn).bind(*snap._args, **snap._kwargs)
-        bound.apply_defaults()
-        name = self.partition_by
-        assert name is not None
-        values = bound.arguments[name]
-        if not isinstance(values, Sequence) or isinstance(values, (str, bytes)):
-            raise TypeError(
-                f"partition_by={name!r}: expected a sequence (list, tuple, range) of inputs, "
-                f"found {type(values).__name__}"
-            )
-        size = self.partition_size
-        calls = []
-        for start in range(0, len(values), size):
-            part = bound.arguments.copy()
-            part[name] = values[start : start + size]
-            piece = inspect.BoundArguments(bound.signature, part)
-            calls.append((piece.args, piece.kwargs))
-        return calls
-
-    def _write_partitioned(self, snap: Snapshot, progress: Reporter) -> None:
-        """Compute the partitions no other live job holds on the engine, wait for the others
-        (taking over expired claims), then assemble and commit. Finished partitions are never
-        recomputed."""
-        store, fp = snap.store, snap.fingerprint
-        calls = self.partition_calls(snap)
-        tasks = [
-            PartitionTask(self.fn, self.name, args, kwargs, store, fp, p, self.schema, self.options)
-            for p, (args, kwargs) in enumerate(calls)
-        ]
-
-        def busy(partition: int, state: claims.ClaimState) -> bool:
-            what = f"partition {partition} of {self.name} ({fp})"
-            return self._busy(snap, progress, what, state)
-
-        job = PartitionJob(
-            store, fp, self.name, tasks, self.lease, self.clock, busy,
-            committed=lambda: snap.committed, progress=progress,
-        )  # fmt: skip
-        # Which partitions this job computes is decided one by one, as it claims them.
-        snap.miss_explanation = self.explain_miss(snap, "computing the partitions no job holds")
-        if not compute_partitions(job, make_engine(self.engine, self.workers), self.fn):
-            return
-        if not snap.committed:
-            commit_partitions(store, fp, len(calls), self._manifest_extra(snap), schema=self.schema)
-            remove_partition_claims(store, fp, range(len(calls)))
-
-    def _manifest_extra(self, snap: Snapshot) -> dict[str, Any]:
-        fp = snap._fp
-        return {
-            "stage": self.name,
-            "fingerprint_parts": fp.parts if fp else {},
-            "fingerprint_details": fp.details if fp else {},
-            "version": self.version,
-        }
-
-    def _busy(
-        self,
-        snap: Snapshot,
-        progress: ProgressCallback | None,
-        what: str,
-        state: claims.ClaimState,
-    ) -> bool:
-        """Another job holds ``what``: raise, or compute privately (True), or wait (False)."""
-        if self.on_busy == "error":
-            raise BusyError(
-                f"{what} is being computed by {state.describe()} under {snap.store.url}; wait "
-                "for it or share the work (on_busy='wait'), compute without storing "
-                "(on_busy='pass'), or try again later"
-            )
-        if self.on_busy == "pass":
-            log.info("snapstore: %s is busy; computing without storing", snap.fingerprint)
-            self._pass_through(snap, progress)
-            return True
-        return False
-
-    def _pass_through(self, snap: Snapshot, progress: ProgressCallback | None) -> None:
-        """Compute into a private temporary store that ``snap`` then reads (removed with it)."""
-        directory = tempfile.mkdtemp(prefix="snapstore-pass-")
-        # Removed by this process only: a forked DataLoader worker collects its copy of the
-        # Snapshot when it opens its own, and must not remove what the parent reads.
-        weakref.finalize(snap, _remove_owned, directory, os.getpid())
-        snap.store = LocalStore(directory, fsync=False)
-        self._compute(snap, progress)
+        run_job(self.job(snap), progress)
 
     def _compute(self, snap: Snapshot, progress: ProgressCallback | None) -> None:
-        """Run the stage for ``snap``'s arguments and commit; on any error nothing is visible."""
-        writer = SnapshotWriter(
-            snap.store,
-            snap.fingerprint,
-            self._manifest_extra(snap),
-            schema=self.schema,
-            options=self.options,
-            progress=progress,
-        )
-        try:
-            samples = self.fn(*snap._args, **snap._kwargs)
-            if not isinstance(samples, Iterable):
-                raise StageError(
-                    f"stage {self.name} returned {type(samples).__name__}; expected an iterable of "
-                    "sample dicts (write it as a generator that yields dicts)."
-                )
-            for sample in samples:
-                writer.add(sample)
-        except BaseException as exc:
-            writer.abort()
-            exc.add_note(
-                f"snapstore: stage {self.name} failed after {writer.samples_written} "
-                f"samples; nothing was committed for {snap.fingerprint}."
-            )
-            raise
-        writer.commit()
+        """Run the stage for ``snap``'s arguments and commit, without claiming it (a test's
+        stand-in for another job)."""
+        jobs.compute(self.job(snap), progress)
 
 
 @overload
-def snapshot(fn: F, **settings: Any) -> Stage: ...
+def snapshot(
+    fn: F, config: StageOptions | None = None, **settings: Unpack[StageSettings]
+) -> Stage: ...
 @overload
-def snapshot(fn: None = None, **settings: Any) -> Callable[[F], Stage]: ...
+def snapshot(
+    fn: None = None, config: StageOptions | None = None, **settings: Unpack[StageSettings]
+) -> Callable[[F], Stage]: ...
 
 
-def snapshot(fn: F | None = None, **settings: Any) -> Stage | Callable[[F], Stage]:
+def snapshot(
+    fn: F | None = None, config: StageOptions | None = None, **settings: Unpack[StageSettings]
+) -> Stage | Callable[[F], Stage]:
     """Wrap a stage so its output is materialized once and read back from then on.
 
     Use as ``@snapshot``, ``@snapshot(root=...)`` or ``snapshot(fn, root=...)``.
@@ -659,54 +457,28 @@ def snapshot(fn: F | None = None, **settings: Any) -> Stage | Callable[[F], Stag
     ----------
     fn : callable
         A function returning or yielding sample dicts.
-    root : str, path or Store, optional
-        Where snapshots live: a local directory or fsspec URL. Default ``$SNAPSTORE_ROOT``, else
-        the per-user cache directory (``~/.cache/snapstore`` on Linux).
-    version : str, optional
-        Folded into the fingerprint; bump it to force a new snapshot.
-    key : callable, optional
-        ``key(*args, **kwargs)`` returns what identifies the arguments, in place of hashing them.
-    ignore : collection of str
-        Argument names left out of the fingerprint (verbosity, thread counts...).
-    ignore_globals : collection of str
-        Globals (``LOCK``, ``helpers.CACHE``), closure variables or ``Class.attr`` that the code
-        reads but that do not change the data and cannot be hashed (locks, open files).
-    schema : Schema or mapping, optional
-        Declared schema; see :meth:`Schema.declare`. Inferred from the first block otherwise.
-    options : WriteOptions, optional
-        Block size, shard size, compression, threads (not part of the fingerprint).
-    on_busy : {"wait", "pass", "error"}
-        What a job does when another job holds the claim on the same fingerprint (a sweep
-        started together): ``"wait"`` (default) for its commit, then read it (taking the claim
-        over if the holder stops renewing it); ``"pass"``: compute without storing, into a
-        private temporary directory; ``"error"``: raise :class:`BusyError`.
-    partition_by : str, optional
-        The parameter holding a list of inputs (files, URLs, ranges) to split the stage on.
-        Each partition (``partition_size`` consecutive inputs) is computed by calling the
-        function with just those inputs, committed on its own, and never recomputed: a rerun
-        after a crash computes only the missing partitions, and jobs of a sweep share the
-        partitions between them (with ``on_busy="wait"``). The snapshot is the partitions'
-        samples in order, so the function must produce for a list what it produces for its
-        pieces one after another. Does not change the fingerprint.
-    partition_size : int
-        Inputs per partition (default 1).
-    engine : {"process", "thread", "ray", "dask"}, Engine or dask Client, optional
-        Where the partitions of a partitioned stage run (see :mod:`snapstore.write.engines`). By
-        default a pool of spawned processes, one per usable core, falling back to threads
-        (with a warning) for a stage that cannot be sent to a process. The engine is not part
-        of the fingerprint: any engine writes the same snapshot.
-    workers : int, optional
-        Partitions computed at once by the ``"process"`` or ``"thread"`` engine (default: the
-        usable cores); for Ray and Dask, the partitions kept in flight.
-    lease : float
-        Seconds a claim lives without a heartbeat (the holder renews it every ``lease / 4``);
-        after that a waiting job takes it over. Clocks of the jobs should agree to well within
-        this; if they do not, the cost is a duplicate computation, never a wrong snapshot.
+    config : StageOptions, optional
+        All the settings as one object (shared by several stages, say).
+    **settings
+        Any field of :class:`snapstore.StageOptions` as a keyword, overriding ``config``'s:
+        ``root`` (where snapshots live; default ``$SNAPSTORE_ROOT``, else the per-user cache
+        directory), ``version``, ``key``, ``ignore`` and ``ignore_globals`` (what the fingerprint
+        hashes besides the code and arguments), ``schema``, ``options`` (a
+        :class:`~snapstore.WriteOptions`), ``on_busy`` and ``lease`` (what a job does while
+        another computes the same snapshot), ``partition_by``, ``partition_size``, ``engine``
+        and ``workers`` (splitting a large stage into partitions computed in parallel and
+        never recomputed). See :class:`snapstore.StageOptions` for each and its default.
 
     Returns
     -------
     Stage
         Call it with the stage's arguments to get a :class:`Snapshot`.
+
+    Raises
+    ------
+    TypeError, ValueError
+        On an unknown or bad setting, as :class:`snapstore.StageOptions` raises them (checked
+        here, before a decorator gets its function).
 
     Examples
     --------
@@ -718,34 +490,10 @@ def snapshot(fn: F | None = None, **settings: Any) -> Stage | Callable[[F], Stag
     >>> snap[3]                                                    # doctest: +SKIP
     {'x': 9}
     """
-    allowed = {
-        "root",
-        "version",
-        "key",
-        "ignore",
-        "ignore_globals",
-        "schema",
-        "options",
-        "on_busy",
-        "lease",
-        "partition_by",
-        "partition_size",
-        "engine",
-        "workers",
-    }
-    unknown = set(settings) - allowed
-    if unknown:
-        raise TypeError(
-            f"snapshot() got unexpected settings {sorted(unknown)}; expected root, "
-            "version, key, ignore, ignore_globals, schema, options, on_busy, lease, "
-            "partition_by, partition_size, engine or workers"
-        )
+    checked = stage_options(config, settings)
     if fn is None:
-        return lambda f: Stage(f, **settings)
-    return Stage(fn, **settings)
-
-
-ON_BUSY = ("wait", "pass", "error")
+        return lambda f: Stage(f, checked)
+    return Stage(fn, checked)
 
 
 def open(fingerprint: str, root: Root = None, **storage_options: Any) -> Snapshot:

@@ -4,7 +4,10 @@ The writer (:mod:`~snapstore.write.writer`) turns samples into shards, index, ma
 record; a large stage is split into partitions written by separate workers and committed
 together (:mod:`~snapstore.write.partitions`, :mod:`~snapstore.write.parallel`), on threads,
 processes, Dask or Ray (:mod:`~snapstore.write.engines`), with a progress display
-(:mod:`~snapstore.write.progress`).
+(:mod:`~snapstore.write.progress`). A stage's settings are a
+:class:`~snapstore.write.stageoptions.StageOptions`; one job's materialization of a stage call
+(claiming, waiting for another job, passing through, partitioned jobs) is
+:mod:`~snapstore.write.jobs`.
 
 Layer: above :mod:`snapstore.read`; imports it and the layers below (an engine backed by an
 integration, such as Ray, is named by a "module:attribute" string and imported on first use).
@@ -12,6 +15,7 @@ integration, such as Ray, is named by a "module:attribute" string and imported o
 
 from .engines import Engine, make_engine
 from .partitions import PartitionStatus, partition_status
+from .stageoptions import StageOptions
 from .writer import Columns, SnapshotWriter, WriteOptions
 
 __all__ = [
@@ -19,6 +23,7 @@ __all__ = [
     "Engine",
     "PartitionStatus",
     "SnapshotWriter",
+    "StageOptions",
     "WriteOptions",
     "make_engine",
     "partition_status",

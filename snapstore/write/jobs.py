@@ -1,0 +1,342 @@
+"""One job materializing one stage call: claim it and compute, or wait, pass through or raise.
+
+A :class:`StageJob` is what :meth:`snapstore.Snapshot.materialize` hands down when the snapshot
+is not committed: the function and its arguments, the stage's settings, and the snapshot as a
+:class:`Target` (its store, fingerprint and ``committed`` check). :func:`run_job` claims the
+fingerprint (:mod:`snapstore.storage.claims`) and computes, or, while another live job holds the
+claim, acts on ``on_busy``: waits for that job's commit (taking the claim over if it stops
+renewing it), computes into a private temporary store (``"pass"``), or raises
+:class:`~snapstore.errors.BusyError`. A partitioned stage claims partition by partition
+(:mod:`snapstore.write.parallel`) and commits the whole when every partition is in.
+
+Why the snapshot was not found is the API's to explain (it reads the catalog, a layer above):
+the job calls ``explain(doing)`` once it knows what it does about the miss.
+"""
+
+from __future__ import annotations
+
+import inspect
+import logging
+import os
+import shutil
+import tempfile
+import weakref
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from ..errors import BusyError, SnapstoreError, StageError
+from ..read.reader import load_manifest
+from ..storage import claims
+from ..storage.store import LocalStore, Store
+from .engines import PartitionTask, make_engine
+from .parallel import PartitionJob, compute_partitions
+from .partitions import commit_partitions, remove_partition_claims
+from .progress import ProgressArg, Reporter, holder_text, open_reporter, tee
+from .stageoptions import StageOptions
+from .writer import ProgressCallback, SnapshotWriter
+
+__all__ = [
+    "StageJob",
+    "Target",
+    "compute",
+    "log_found",
+    "partition_calls",
+    "remove_owned",
+    "run_job",
+]
+
+log = logging.getLogger(__name__)
+
+Calls = list[tuple[tuple[Any, ...], dict[str, Any]]]
+
+
+class Target(Protocol):
+    """What a job needs of the snapshot it materializes (a :class:`snapstore.Snapshot`).
+
+    ``store`` is replaced by a private temporary store when the job passes through.
+    """
+
+    store: Store
+    fingerprint: str
+    miss_explanation: dict[str, Any] | None
+
+    @property
+    def committed(self) -> bool:
+        """Whether the snapshot's commit record exists."""
+        ...
+
+
+@dataclass
+class StageJob:
+    """One call of a stage to materialize into ``target``.
+
+    Parameters
+    ----------
+    target : Target
+        The snapshot: where it goes, under which fingerprint.
+    fn : callable
+        The stage's function; ``fn(*args, **kwargs)`` yields the samples.
+    name : str
+        The stage's name, for messages and the manifest.
+    args, kwargs
+        The call's arguments.
+    settings : StageOptions
+        The stage's settings (schema, write options, ``on_busy``, lease, partitions, engine).
+    clock : Clock
+        Time for leases and polls (a fake one in tests).
+    manifest : mapping
+        What the manifest records of the stage besides the samples (name, fingerprint parts,
+        version).
+    explain : callable
+        ``explain(doing)``: why the snapshot was not found, logged with ``doing`` (what this
+        job does about it); stored as the target's ``miss_explanation``.
+    """
+
+    target: Target
+    fn: Callable[..., Iterable[Mapping[str, Any]]]
+    name: str
+    args: tuple[Any, ...]
+    kwargs: dict[str, Any]
+    settings: StageOptions
+    clock: claims.Clock
+    manifest: Mapping[str, Any]
+    explain: Callable[[str], dict[str, Any] | None]
+
+    def explain_miss(self, doing: str = "computing it") -> None:
+        self.target.miss_explanation = self.explain(doing)
+
+
+def run_job(job: StageJob, progress: ProgressArg | Reporter = None) -> None:
+    """Materialize ``job.target``: claim it and compute, or wait for the job that holds the
+    claim (or pass through, or raise, per ``on_busy``); on any error nothing is visible.
+    ``progress`` as for :meth:`snapstore.Snapshot.materialize`; its display is closed on every
+    path."""
+    reporter = open_reporter(progress, job.name, job.clock)
+    ok = False
+    try:
+        if job.settings.partition_by is not None:
+            _write_partitioned(job, job.settings.partition_by, reporter)
+        else:
+            _write_claimed(job, reporter)
+        ok = True
+    finally:
+        reporter.close(ok)
+
+
+def _claim(job: StageJob, reporter: Reporter) -> tuple[claims.Claim | None, bool]:
+    """The claim on the target's fingerprint, once no live job holds it (None when the target
+    was committed meanwhile or passed through), and whether this job waited and said so."""
+    snap, lease = job.target, job.settings.lease
+    watched: dict[str, Any] = {"lease": lease}
+    announced = False
+    while True:
+        claim, state = claims.acquire(
+            snap.store, snap.fingerprint, lease=lease, clock=job.clock, watched=watched
+        )
+        if claim is not None:
+            return claim, announced
+        if snap.committed:
+            log_found(snap.store, snap.fingerprint, ", committed meanwhile by another job")
+            reporter.finish("committed meanwhile by another job")
+            return None, announced
+        if job.settings.on_busy == "pass":
+            job.explain_miss(f"computing it without storing it, since {state.describe()} holds it")
+        if on_busy(job, reporter, f"snapshot {snap.fingerprint} of {job.name}", state):
+            return None, announced
+        if not announced:
+            job.explain_miss(f"waiting for {state.describe()}, which is computing it")
+            log.info(
+                "snapstore: waiting for %s, which is computing %s of %s (lease %.0f s)",
+                state.describe(), snap.fingerprint, job.name, lease,
+            )  # fmt: skip
+            announced = True
+        reporter.waiting(f"waiting for {holder_text(state)}")
+        job.clock.sleep(min(lease / 4, 2.0))
+        if snap.committed:
+            how = f"committed by {state.describe()}, which this job waited for"
+            log_found(snap.store, snap.fingerprint, f", {how}")
+            reporter.finish(how)
+            return None, announced
+
+
+def _write_claimed(job: StageJob, reporter: Reporter) -> None:
+    snap = job.target
+    claim, announced = _claim(job, reporter)
+    if claim is None:
+        return
+    reporter.waiting(None)
+    report = tee(claim.report, reporter)  # the heartbeats carry it to jobs that wait
+    try:
+        with claim:
+            if not snap.committed:  # else committed between our check and our claim
+                if not announced:  # a job that waited explained the miss then (and the
+                    # takeover of the claim it waited for is logged by claims.acquire)
+                    job.explain_miss()
+                compute(job, report)
+    except BaseException:
+        # The attempt failed (a Ctrl-C too): its claim files would show in ls and gc as a
+        # leftover. Claim.abandon keeps them if another job has claimed since.
+        claim.abandon((f"{snap.fingerprint}/runs", snap.fingerprint))
+        raise
+    claims.remove_claims(snap.store, snap.fingerprint)  # committed: nobody needs them
+
+
+def partition_calls(
+    fn: Callable[..., Any],
+    args: tuple[Any, ...],
+    kwargs: Mapping[str, Any],
+    partition_by: str,
+    partition_size: int,
+) -> Calls:
+    """The call ``fn(*args, **kwargs)`` split on its argument ``partition_by`` into calls of
+    ``partition_size`` consecutive inputs each: ``(args, kwargs)`` per partition.
+
+    Raises
+    ------
+    TypeError
+        If the argument is not a sequence (a list, tuple or range; a string is refused).
+    """
+    bound = inspect.signature(fn).bind(*args, **kwargs)
+    bound.apply_defaults()
+    values = bound.arguments[partition_by]
+    if not isinstance(values, Sequence) or isinstance(values, (str, bytes)):
+        raise TypeError(
+            f"partition_by={partition_by!r}: expected a sequence (list, tuple, range) of inputs, "
+            f"found {type(values).__name__}"
+        )
+    calls = []
+    for start in range(0, len(values), partition_size):
+        part = bound.arguments.copy()
+        part[partition_by] = values[start : start + partition_size]
+        piece = inspect.BoundArguments(bound.signature, part)
+        calls.append((piece.args, piece.kwargs))
+    return calls
+
+
+def _write_partitioned(job: StageJob, partition_by: str, progress: Reporter) -> None:
+    """Compute the partitions no other live job holds on the engine, wait for the others
+    (taking over expired claims), then assemble and commit. Finished partitions are never
+    recomputed."""
+    snap, settings = job.target, job.settings
+    store, fp = snap.store, snap.fingerprint
+    calls = partition_calls(job.fn, job.args, job.kwargs, partition_by, settings.partition_size)
+    tasks = [
+        PartitionTask(
+            job.fn, job.name, args, kwargs, store, fp, p, settings.schema, settings.options
+        )
+        for p, (args, kwargs) in enumerate(calls)
+    ]
+
+    def busy(partition: int, state: claims.ClaimState) -> bool:
+        return on_busy(job, progress, f"partition {partition} of {job.name} ({fp})", state)
+
+    parts = PartitionJob(
+        store, fp, job.name, tasks, settings.lease, job.clock, busy,
+        committed=lambda: snap.committed, progress=progress,
+    )  # fmt: skip
+    # Which partitions this job computes is decided one by one, as it claims them.
+    job.explain_miss("computing the partitions no job holds")
+    if not compute_partitions(parts, make_engine(settings.engine, settings.workers), job.fn):
+        return
+    if not snap.committed:
+        commit_partitions(store, fp, len(calls), dict(job.manifest), schema=settings.schema)
+        remove_partition_claims(store, fp, range(len(calls)))
+
+
+def on_busy(
+    job: StageJob, progress: ProgressCallback | None, what: str, state: claims.ClaimState
+) -> bool:
+    """Another job holds ``what``: raise (``on_busy="error"``), or compute privately and
+    return True (``"pass"``), or return False: the caller waits (``"wait"``).
+
+    Raises
+    ------
+    BusyError
+        With ``on_busy="error"``.
+    """
+    if job.settings.on_busy == "error":
+        raise BusyError(
+            f"{what} is being computed by {state.describe()} under {job.target.store.url}; wait "
+            "for it or share the work (on_busy='wait'), compute without storing "
+            "(on_busy='pass'), or try again later"
+        )
+    if job.settings.on_busy == "pass":
+        log.info("snapstore: %s is busy; computing without storing", job.target.fingerprint)
+        _pass_through(job, progress)
+        return True
+    return False
+
+
+def remove_owned(directory: str, owner: int) -> None:
+    """Remove ``directory`` if this process is ``owner`` (the one that made it)."""
+    if os.getpid() == owner:
+        shutil.rmtree(directory, ignore_errors=True)
+
+
+def _pass_through(job: StageJob, progress: ProgressCallback | None) -> None:
+    """Compute into a private temporary store that the target then reads (removed with it)."""
+    directory = tempfile.mkdtemp(prefix="snapstore-pass-")
+    # Removed by this process only: a forked DataLoader worker collects its copy of the
+    # Snapshot when it opens its own, and must not remove what the parent reads.
+    weakref.finalize(job.target, remove_owned, directory, os.getpid())
+    job.target.store = LocalStore(directory, fsync=False)
+    compute(job, progress)
+
+
+def compute(job: StageJob, progress: ProgressCallback | None) -> None:
+    """Run the stage for the job's arguments and commit, without a claim; on any error nothing
+    is visible.
+
+    Raises
+    ------
+    StageError
+        If the function returned something other than an iterable.
+    Exception
+        Whatever the stage raised, with a note that nothing was committed.
+    """
+    snap = job.target
+    writer = SnapshotWriter(
+        snap.store,
+        snap.fingerprint,
+        job.manifest,
+        schema=job.settings.schema,
+        options=job.settings.options,
+        progress=progress,
+    )
+    try:
+        samples = job.fn(*job.args, **job.kwargs)
+        if not isinstance(samples, Iterable):
+            raise StageError(
+                f"stage {job.name} returned {type(samples).__name__}; expected an iterable of "
+                "sample dicts (write it as a generator that yields dicts)."
+            )
+        for sample in samples:
+            writer.add(sample)
+    except BaseException as exc:
+        writer.abort()
+        exc.add_note(
+            f"snapstore: stage {job.name} failed after {writer.samples_written} "
+            f"samples; nothing was committed for {snap.fingerprint}."
+        )
+        raise
+    writer.commit()
+
+
+def log_found(
+    store: Store, fingerprint: str, how: str = "", manifest: Mapping[str, Any] | None = None
+) -> None:
+    """One INFO line for a cache hit, ``how`` appended (the manifest is read, unless given,
+    only when INFO is logged)."""
+    if not log.isEnabledFor(logging.INFO):
+        return
+    try:
+        manifest = manifest or load_manifest(store, fingerprint)
+    except (SnapstoreError, OSError):  # reading it says what is wrong; a log line need not
+        log.debug("snapstore: cannot read the manifest of %s", fingerprint, exc_info=True)
+        return
+    log.info(
+        "snapstore: found snapshot %s of %s under %s (%d samples, %s bytes stored)%s",
+        fingerprint, manifest.get("stage") or "?", store.url,
+        int(manifest["num_samples"]), f"{int(manifest['stored_bytes']):,}", how,
+    )  # fmt: skip
