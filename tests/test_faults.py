@@ -19,13 +19,9 @@ from fsspec.utils import stringify_path
 
 import snapstore
 from snapstore.errors import SnapshotNotFoundError, StoreError
-from snapstore.storage.store import (
-    FsspecStore,
-    RetryPolicy,
-    _SpooledUpload,
-    classify_failure,
-    open_store,
-)
+from snapstore.storage.fsspec_store import _SpooledUpload
+from snapstore.storage.retry import classify_failure
+from snapstore.storage.store import FsspecStore, RetryPolicy, open_store
 from snapstore.write.writer import WriteOptions
 
 FAST = RetryPolicy(attempts=4, base=0.001, cap=0.005)

@@ -342,7 +342,7 @@ def test_a_protocol_without_atomic_create_warns_once(caplog: pytest.LogCaptureFi
     store = FsspecStore(fs, f"/plain-{uuid.uuid4().hex}")
     other = FsspecStore(fs, f"/plain-{uuid.uuid4().hex}")
     assert not store.atomic_create
-    with caplog.at_level(logging.WARNING, logger="snapstore.storage.store"):
+    with caplog.at_level(logging.WARNING, logger="snapstore.storage.fsspec_store"):
         assert store.create_if_absent("fp/COMMIT", b"one") is True
         assert store.create_if_absent("fp/COMMIT", b"two") is False
         other.write_bytes("x", b"1")
@@ -379,7 +379,7 @@ def test_open_write_spills_large_files_to_disk(
 ) -> None:
     if not isinstance(backend.store, FsspecStore):
         pytest.skip("a local store writes in place")
-    from snapstore.storage.store import _SpooledUpload
+    from snapstore.storage.fsspec_store import _SpooledUpload
 
     monkeypatch.setattr(_SpooledUpload, "spool_bytes", 100)  # keep objects small for moto
     with backend.store.open_write("big/file") as f:

@@ -1,8 +1,10 @@
 """Where bytes live: stores, retries, caches, and the leases kept in a store.
 
-The :class:`~snapstore.storage.store.Store` contract with its local and fsspec implementations
-(:mod:`~snapstore.storage.store`) and the WebHDFS one (:mod:`~snapstore.storage.webhdfs`,
-opened by URL through a registry, like fsspec's ``known_implementations``), retry and error
+The :class:`~snapstore.storage.base.Store` contract (:mod:`~snapstore.storage.base`), its local
+(:mod:`~snapstore.storage.local`), fsspec (:mod:`~snapstore.storage.fsspec_store`) and WebHDFS
+(:mod:`~snapstore.storage.webhdfs`) implementations, :func:`~snapstore.storage.store.open_store`
+that picks one for a root (WebHDFS through a registry, like fsspec's
+``known_implementations``), retry and error
 translation (:mod:`~snapstore.storage.retry`), the read-through block cache
 (:mod:`~snapstore.storage.cache`), simulated latency (:mod:`~snapstore.storage.simulate`),
 listing at scale (:mod:`~snapstore.storage.listing`), the per-host block index

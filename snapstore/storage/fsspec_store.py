@@ -1,0 +1,370 @@
+"""The fsspec store: GCS, S3, memory, HDFS, and wrappers around them, through fsspec.
+
+Create-if-absent is asked of the service (GCS ``ifGenerationMatch=0``, S3 ``If-None-Match: *``)
+or, for fsspec's memory filesystem, held under a process-wide lock;
+:data:`ATOMIC_CREATE_PROTOCOLS` lists where it is atomic, and elsewhere (``hdfs://``) the store
+warns once. Transient failures (timeouts, resets, HTTP 429 and 5xx) are retried under a
+:class:`~snapstore.storage.retry.RetryPolicy`; anything else becomes
+:class:`~snapstore.errors.StoreError` naming the URL.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import io
+import itertools
+import logging
+import os
+import tempfile
+import threading
+import time
+from collections.abc import Callable
+from typing import IO, Any, TypeVar
+
+from ..errors import StoreError
+from .base import Store
+from .local import OS_ERROR_HINTS, translated
+from .retry import (
+    KIND_ERRNOS,
+    KIND_HINTS,
+    RetryPolicy,
+    classify_failure,
+    http_status,
+    no_such_bucket,
+    vanished_error,
+)
+from .trees import find_tree
+
+__all__ = ["ATOMIC_CREATE_PROTOCOLS", "FsspecStore"]
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+# Protocols whose create-if-absent is atomic for every writer that can see the store: GCS
+# (ifGenerationMatch=0) and S3 (If-None-Match: *) refuse a second create on the service, a local
+# filesystem creates with O_EXCL, and fsspec's memory filesystem (one process) creates under
+# _CREATE_LOCK. HDFS over WebHDFS creates with overwrite=false, through snapstore's driver (its
+# ``snapstore_atomic_create``; fsspec's own checks, then writes). A wrapper (DirFileSystem, the
+# latency simulator) is judged by its ``fs``.
+ATOMIC_CREATE_PROTOCOLS = frozenset({"memory", "gs", "gcs", "s3", "s3a", "file", "local"} | {
+    "webhdfs", "swebhdfs"})  # fmt: skip
+_WEBHDFS = frozenset({"webhdfs", "swebhdfs"})
+_ADVICE = dict.fromkeys(("hdfs", "arrow_hdfs"), ", or use the WebHDFS URL of the same NameNode "
+                        "(webhdfs://NAMENODE:9870/PATH), whose commits are atomic")  # fmt: skip
+# No directories, so no makedirs (s3fs' would create a missing bucket, hiding a typo).
+_OBJECT_STORES = frozenset({"gs", "gcs", "s3", "s3a"})
+_CREATE_LOCK = threading.Lock()
+_WARNED: set[str] = set()  # protocols already warned about (once per process)
+
+
+def _innermost(fs: Any) -> Any:
+    """The filesystem that holds the data, through wrappers that keep theirs in ``fs``."""
+    for _ in range(8):
+        inner = getattr(fs, "fs", None)
+        if _protocol(fs) in ATOMIC_CREATE_PROTOCOLS or not hasattr(inner, "protocol"):
+            break
+        fs = inner
+    return fs
+
+
+def _protocol(fs: Any) -> str:
+    return str(fs.protocol if isinstance(fs.protocol, str) else fs.protocol[0])
+
+
+class _SpooledUpload:
+    """A file for :meth:`FsspecStore.open_write`: spooled in memory, past 8 MiB in a temporary
+    file, and uploaded whole on close, so that a failed upload can be retried (a streamed one
+    cannot be, once a part is sent; and gcsfs and s3fs hold 50 MiB parts in memory)."""
+
+    spool_bytes = 8 << 20
+
+    def __init__(self, store: FsspecStore, path: str) -> None:
+        self._store, self._path = store, path
+        self._spool: Any = io.BytesIO()
+        self._url = f"{store.join(path)} (spooled in {tempfile.gettempdir()})"
+        self.closed = False
+
+    def write(self, data: Any) -> int:
+        with translated("write", self._url):
+            spool, size = self._spool, memoryview(data).nbytes
+            if isinstance(spool, io.BytesIO) and spool.tell() + size > self.spool_bytes:
+                # Unnamed: it goes with the process, even a killed one (no leak in /tmp).
+                self._spool = tempfile.TemporaryFile(prefix="snapstore-upload-")  # noqa: SIM115
+                self._spool.write(spool.getbuffer())
+            return int(self._spool.write(data))
+
+    def close(self) -> None:
+        if self.closed:
+            return
+        self.closed = True
+        spool = self._spool
+        try:
+            with translated("write", self._url):
+                spool.flush()
+            self._store._upload(
+                self._path, spool.getvalue() if isinstance(spool, io.BytesIO) else spool
+            )
+        finally:
+            spool.close()
+
+    def __enter__(self) -> _SpooledUpload:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+class FsspecStore(Store):
+    """A store on any fsspec filesystem: GCS, S3, memory, HDFS, and wrappers around them.
+
+    Operations retry transient failures under ``retry``; other failures raise
+    :class:`StoreError` naming the URL (a missing file stays ``FileNotFoundError``).
+    :meth:`open_write` spools locally and uploads whole on close, so an upload can be retried.
+    Listings are never served from fsspec's listings cache (other processes make it stale).
+    ``atomic_create`` says whether the protocol of the filesystem holding the data is in
+    :data:`ATOMIC_CREATE_PROTOCOLS`.
+
+    Parameters
+    ----------
+    fs : fsspec.AbstractFileSystem
+        The filesystem.
+    root : str
+        The root path inside ``fs`` (no protocol), e.g. ``"bucket/snaps"``.
+    retry : RetryPolicy, optional
+        How transient failures are retried; default ``RetryPolicy()``.
+    """
+
+    def __init__(self, fs: Any, root: str, *, retry: RetryPolicy | None = None) -> None:
+        self.fs = fs
+        self.root = root.rstrip("/")
+        self.retry = retry if retry is not None else RetryPolicy()
+        protocol = _protocol(fs)
+        self.url = f"{protocol}://{self.root.lstrip('/')}" if protocol != "file" else self.root
+        inner = _innermost(fs)
+        self.protocol = _protocol(inner)
+        self._create_on_service = self.protocol in _OBJECT_STORES or bool(
+            getattr(inner, "snapstore_atomic_create", False)
+        )
+        self.atomic_create = self.protocol in ATOMIC_CREATE_PROTOCOLS and (
+            self.protocol not in _WEBHDFS or self._create_on_service
+        )
+
+    def _path(self, path: str) -> str:
+        return f"{self.root}/{path}"
+
+    def _call(self, op: str, path: str, fn: Callable[[], T], *, write: bool = False) -> T:
+        """``fn()``, with transient failures retried and the rest translated."""
+        for attempt in itertools.count(1):
+            try:
+                return fn()
+            except Exception as exc:
+                kind = classify_failure(exc)
+                if kind == "transient" and attempt < self.retry.attempts:
+                    log.debug("retry %d of %s %s after %r", attempt, op, self.join(path), exc)
+                    time.sleep(self.retry.backoff(attempt))
+                    continue
+                if kind is None or kind == "exists":
+                    raise
+                if kind == "missing" and (write or no_such_bucket(exc)):
+                    kind = "bucket" if self.protocol in _OBJECT_STORES else "location"
+                elif kind == "missing":
+                    if isinstance(exc, FileNotFoundError):
+                        raise
+                    raise FileNotFoundError(errno.ENOENT, str(exc), self.join(path)) from exc
+                raise self._error(op, path, exc, kind, attempt) from exc
+        raise AssertionError("unreachable: the loop returns or raises")
+
+    def _error(self, op: str, path: str, exc: BaseException, kind: str, tries: int) -> StoreError:
+        detail = (exc.strerror if isinstance(exc, OSError) else None) or str(exc).strip()
+        detail = detail.splitlines()[0] if detail else type(exc).__name__
+        detail = "not found" if kind in ("bucket", "location") else detail  # gcsfs: a bare URL
+        hint = KIND_HINTS[kind]
+        if kind == "permanent" and isinstance(exc, OSError):
+            hint = OS_ERROR_HINTS.get(exc.errno or 0, hint)
+        if kind == "transient":
+            hint = f"gave up after {tries} tries; {hint}"
+        err = StoreError(f"cannot {op} {self.join(path)}: {detail}; {hint}")
+        err.errno = getattr(exc, "errno", None) or KIND_ERRNOS.get(kind)
+        return err
+
+    def _forget(self, target: str) -> None:
+        self.fs.invalidate_cache(target)  # another process may have written since
+
+    # -- reads ---------------------------------------------------------------------------------
+
+    def read_bytes(self, path: str) -> bytes:
+        target = self._path(path)
+        data = self._call("read", path, lambda: self.fs.cat_file(target))
+        return bytes(data)
+
+    def read_range(self, path: str, start: int, length: int) -> Any:
+        if length <= 0:
+            return b""  # no request (S3 refuses an empty range)
+        target = self._path(path)
+
+        def fetch() -> Any:
+            try:  # one request; keywords, since s3fs' third positional parameter is version_id
+                return self.fs.cat_file(target, start=start, end=start + length)
+            except Exception as exc:  # a range past the end is empty, as a local slice is
+                names = {f"{k.__module__}.{k.__qualname__}" for k in type(exc).__mro__}
+                s3_416 = isinstance(exc, OSError) and exc.errno == errno.EINVAL
+                if http_status(exc, names) == 416 or (s3_416 and "range" in str(exc).lower()):
+                    return b""
+                raise
+
+        return self._call("read", path, fetch)
+
+    def exists(self, path: str) -> bool:
+        return self._info(path) is not None
+
+    def is_dir(self, path: str) -> bool:
+        return (self._info(path) or {}).get("type") == "directory"
+
+    def _info(self, path: str) -> dict[str, Any] | None:
+        # Not fs.exists or fs.isdir: they turn every error (a timeout, a 403) into False.
+        target = self._path(path)
+        self._forget(target)
+        with contextlib.suppress(FileNotFoundError):
+            return dict(self._call("stat", path, lambda: self.fs.info(target)))
+        return None
+
+    def list_dir(self, path: str) -> list[str]:
+        target = self._path(path)
+        self._forget(target)
+        try:
+            entries = self._call("list", path, lambda: self.fs.ls(target, detail=False))
+        except (FileNotFoundError, NotADirectoryError):
+            return []
+        names = sorted({str(e).rstrip("/").rsplit("/", 1)[-1] for e in entries})
+        return [n for n in names if n]
+
+    def size(self, path: str) -> int:
+        target = self._path(path)
+        return int(self._call("stat", path, lambda: self.fs.size(target)))
+
+    def list_tree(self, path: str, prefix: str = "") -> dict[str, int]:
+        target = self._path(path).rstrip("/")
+        self._forget(target)
+        return self._call("list", path, lambda: find_tree(self.fs, target, prefix))
+
+    def disk_usage(self, path: str) -> int:
+        # One recursive listing (a single paged request on object stores), not one per file.
+        target = self._path(path)
+
+        def usage() -> int:
+            self.fs.invalidate_cache(target)
+            try:
+                return int(self.fs.du(target, total=True))
+            except FileNotFoundError:
+                return 0
+
+        return int(self._call("list", path, usage))
+
+    # -- writes --------------------------------------------------------------------------------
+
+    def open_write(self, path: str) -> IO[bytes]:
+        self._warn_if_unsafe()  # now, not when the first shard is closed
+        return _SpooledUpload(self, path)  # type: ignore[return-value]
+
+    def write_bytes(self, path: str, data: bytes) -> None:
+        self._upload(path, bytes(data))
+
+    def _upload(self, path: str, source: bytes | IO[bytes]) -> None:
+        """One whole upload, retried: of ``source``, bytes or a spooled file."""
+        target = self._path(path)
+        self._warn_if_unsafe()
+        self._makedirs(path)
+        if isinstance(source, bytes):
+            self._call("write", path, lambda: self.fs.pipe_file(target, source), write=True)
+            return
+        # The driver opens the spool by name: /dev/fd/N reopens the unnamed file (POSIX).
+        name = f"/dev/fd/{source.fileno()}" if os.path.isdir("/dev/fd") else source.name
+
+        def put() -> None:
+            source.seek(0)  # on macOS, /dev/fd/N shares this file's offset
+            self.fs.put_file(name, target)
+
+        self._call("write", path, put, write=True)
+
+    def _makedirs(self, path: str) -> None:
+        if self.protocol not in _OBJECT_STORES:
+            parent = self._path(path).rsplit("/", 1)[0]
+            self._call("create", path, lambda: self.fs.makedirs(parent, exist_ok=True), write=True)
+
+    def create_if_absent(self, path: str, data: bytes) -> bool:
+        data = bytes(data)
+        target = self._path(path)
+        self._warn_if_unsafe()
+        self._makedirs(path)
+        for _ in range(self.retry.attempts):
+            with contextlib.suppress(FileExistsError):
+                self._call("commit", path, lambda: self._create(target, data), write=True)
+                return True
+            try:
+                existing = self._call("read", path, lambda: self.fs.cat_file(target))
+            except FileNotFoundError:
+                continue  # removed since (snapstore rm): try again
+            # A create whose response was lost and that was tried again (here or inside the
+            # driver) finds its own file: it is ours if it holds our bytes. Records name their
+            # writer (a run, a claim's owner), so no other writer's record is equal.
+            return bytes(existing) == data
+        raise vanished_error(self.join(path))
+
+    def _create(self, target: str, data: bytes) -> None:
+        if self.protocol in ("file", "local"):
+            # fsspec's local pipe_file checks, then writes; "xb" is open(O_CREAT | O_EXCL).
+            file = self.fs.open(target, "xb")
+            try:
+                with file:
+                    file.write(data)
+            except BaseException:
+                with contextlib.suppress(OSError):
+                    self.fs.rm_file(target)  # no partial record
+                raise
+        elif self._create_on_service:
+            self.fs.pipe_file(target, data, mode="create")  # the service refuses a second one
+        else:
+            # memory: one process, where the lock makes its check-then-write atomic. Others
+            # (hdfs://): atomic among this process's threads only; _warn_if_unsafe said so.
+            with _CREATE_LOCK:
+                self.fs.pipe_file(target, data, mode="create")
+
+    def _warn_if_unsafe(self) -> None:
+        if self.atomic_create or self.protocol in _WARNED:
+            return
+        _WARNED.add(self.protocol)  # two threads racing here may both warn: harmless
+        log.warning(
+            "snapstore: %s has no atomic create-if-absent, so concurrent writers of one "
+            "fingerprint under %s are unsafe (more than one may believe it committed). Run "
+            "one writer per fingerprint%s; see 'Backends' in the snapstore guide.",
+            self.protocol, self.url, _ADVICE.get(self.protocol, ""),
+        )  # fmt: skip
+
+    def remove_empty_dir(self, path: str) -> bool:
+        # Memory only (under the lock; its creates need no directory). A local filesystem via
+        # fsspec makes a directory, then the file, without LocalStore's retry if it vanishes
+        # between; object stores have no directories; HDFS' rmdir may remove a whole tree.
+        target = self._path(path)
+        if not path.strip("/") or self.protocol != "memory":
+            return False
+        try:
+            with _CREATE_LOCK:
+                self.fs.rmdir(target)
+        except OSError:  # not empty, gone (FileNotFoundError), not a directory
+            return False
+        finally:
+            self._forget(target)
+        return True
+
+    def remove_tree(self, path: str) -> None:
+        target = self._path(path)
+        self._forget(target)
+
+        def remove() -> None:
+            with contextlib.suppress(FileNotFoundError):  # gone (a retry of a removal that ended)
+                self.fs.rm(target, recursive=True)
+
+        self._call("remove", path, remove)
+        self._forget(target)
