@@ -55,10 +55,6 @@ def _stage_name(fn: Callable[..., Any]) -> str:
     return f"{module}.{getattr(fn, '__qualname__', repr(fn))}"
 
 
-# The pass-through directory's finalizer, by its old name here (tests/test_snapshot.py).
-_remove_owned = jobs.remove_owned
-
-
 def _renamed_note(old: str, new: str) -> str:
     return (
         f"the stage was found under its old script name {old}: since fingerprint scheme 3 "

@@ -186,15 +186,15 @@ def test_open_reads_once_and_the_first_read_confirms_the_commit(tmp_path: Path) 
 def test_a_pass_through_directory_is_removed_by_its_own_process_only(tmp_path: Path) -> None:
     """A forked DataLoader worker collects its copy of a pass-through Snapshot: that must not
     remove the directory the parent reads."""
-    from snapstore.snapshot import _remove_owned
+    from snapstore.write.jobs import remove_owned
 
     directory = tmp_path / "snapstore-pass-x"
     directory.mkdir()
     child = os.fork()
     if child == 0:  # pragma: no cover - the child
-        _remove_owned(str(directory), os.getppid())
+        remove_owned(str(directory), os.getppid())
         os._exit(0)
     os.waitpid(child, 0)
     assert directory.exists()
-    _remove_owned(str(directory), os.getpid())
+    remove_owned(str(directory), os.getpid())
     assert not directory.exists()
