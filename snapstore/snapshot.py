@@ -21,7 +21,6 @@ from .fingerprint.digest import Fingerprint, fingerprint_stage
 from .fingerprint.explain import diff_parts
 from .fingerprint.importname import module_name
 from .format import layout as fmt
-from .format.plan import PlanOptions
 from .format.schema import Schema
 from .manage.catalog import previous_of_stage, resolve_fingerprint, stored_fingerprint
 from .read.batches import BatchReader
@@ -279,30 +278,16 @@ class Snapshot:
         TypeError, ValueError
             On a bad setting, as :class:`snapstore.ReaderOptions` raises them.
         """
-        read = reader_options(options, dict(settings))
-        reader = self._open(pin_later=True)
-        blocks = read.window_blocks or reader.window_blocks(read.window_bytes)
-        plan = PlanOptions(bool(read.shuffle), read.seed, blocks, read.drop_last)
-        prefetch_bytes = read.prefetch_bytes
-        if prefetch_bytes is None:
-            # Enough to read ahead across a window boundary; a remote store needs more in flight
-            # (bandwidth x latency), so it gets twice as much.
-            window = int(reader.manifest["raw_bytes"]) / max(1, reader.num_blocks) * blocks
-            ahead = 2 if reader.store.local else 4
-            prefetch_bytes = max(ahead * 32 << 20, int(ahead * window))
+        read = reader_options(options, dict(settings))  # a bad setting before the store
         batches = BatchReader(
-            reader,
+            self._open(pin_later=True),
             batch_size,
-            options=plan,
+            read,
             epoch=epoch,
             rank=rank,
             world_size=world_size,
             worker=worker,
             num_workers=num_workers,
-            prefetch_bytes=prefetch_bytes,
-            max_requests=read.max_requests,
-            decode_threads=read.decode_threads,
-            ragged=read.ragged,
         )
         self._batch_readers.add(batches)
         return batches
