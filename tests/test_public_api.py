@@ -153,6 +153,9 @@ MODULE_ALL = {
         "default_root",
         "open_store",
     ],
+    "storage.base": ["Store", "VANISHED_RETRIES"],
+    "storage.local": ["LocalStore", "OS_ERROR_HINTS", "translated"],
+    "storage.fsspec_store": ["ATOMIC_CREATE_PROTOCOLS", "FsspecStore"],
     "format.schema": ["Field", "FieldKind", "SUPPORTED_DTYPES", "Schema", "check_names"],
     "format.fields": [
         "DECLARE_HINT",
@@ -306,6 +309,9 @@ def test_module_all_is_pinned(module: str) -> None:
         ("format.schema", "format.fields", ["Field", "FieldKind", "SUPPORTED_DTYPES"]),
         ("handle", "storage.travel", ["portable", "reopen"]),
         ("storage.store", "storage.roots", ["default_root"]),
+        ("storage.store", "storage.base", ["Store"]),
+        ("storage.store", "storage.local", ["LocalStore"]),
+        ("storage.store", "storage.fsspec_store", ["ATOMIC_CREATE_PROTOCOLS", "FsspecStore"]),
     ],
 )
 def test_moved_names_stay_importable(old: str, new: str, names: list[str]) -> None:
