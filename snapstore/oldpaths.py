@@ -19,7 +19,15 @@ import types
 import warnings
 from collections.abc import Sequence
 
-__all__ = ["MOVED", "OldPathFinder", "install", "moved_module"]
+__all__ = [
+    "HISTORIC_MODULES",
+    "HISTORIC_NAMES",
+    "MOVED",
+    "OldPathFinder",
+    "historic_name",
+    "install",
+    "moved_module",
+]
 
 # old module (under snapstore.) -> where it lives now (under snapstore.). ``format`` and
 # ``fingerprint`` are packages now: their old contents (in ``format.layout`` and
@@ -71,6 +79,52 @@ MOVED = {
     "webhdfs": "storage.webhdfs",
     "writer": "write.writer",
 }
+
+
+# The module each module of the package was before the subpackages, and the objects that moved
+# between modules in the same release: what fingerprints hash a snapstore name as, and what
+# loggers are called, so that neither changes with the layout (a stage whose code reads
+# ``snapstore.Field`` or takes a ``WriteOptions`` keeps its snapshots; ``logging.getLogger(
+# "snapstore.store")`` still configures the store's messages). Modules new since then keep
+# their own names.
+HISTORIC_MODULES = {f"snapstore.{new}": f"snapstore.{old}" for old, new in MOVED.items()} | {
+    "snapstore.format.layout": "snapstore.format",
+    "snapstore.fingerprint.digest": "snapstore.fingerprint",
+    "snapstore.storage.base": "snapstore.store",
+    "snapstore.storage.local": "snapstore.store",
+    "snapstore.storage.fsspec_store": "snapstore.store",
+    "snapstore.write.jobs": "snapstore.snapshot",
+}
+HISTORIC_NAMES = {
+    **{f"snapstore.format.fields.{name}": f"snapstore.schema.{name}" for name in ("Field",)},
+    **{
+        f"snapstore.format.inference.{name}": f"snapstore.schema.{name}"
+        for name in ("infer_schema", "field_of", "check_keys", "sample_items")
+    },
+    **{
+        f"snapstore.format.checks.{name}": f"snapstore.schema.{name}"
+        for name in ("check_sample", "sample_checker")
+    },
+    "snapstore.format.ragged.pad_ragged": "snapstore.columns.pad_ragged",
+    "snapstore.storage.roots.default_root": "snapstore.store.default_root",
+    "snapstore.storage.travel.portable": "snapstore.store.portable",
+    "snapstore.storage.travel.reopen": "snapstore.store.reopen",
+    "snapstore.storage.listing.root_missing": "snapstore.roots.root_missing",
+    "snapstore.manage.catalog.list_fingerprints": "snapstore.snapshot.list_fingerprints",
+    "snapstore.manage.catalog.resolve_fingerprint": "snapstore.snapshot.resolve_fingerprint",
+    "snapstore.fingerprint.importname.module_name": "snapstore.codeid.module_name",
+}
+
+
+def historic_name(module: str, qualname: str = "") -> str:
+    """``module`` (or ``module.qualname``) as it was named before the subpackages; any other
+    name as it is."""
+    if qualname:
+        full = f"{module}.{qualname}"
+        if full in HISTORIC_NAMES:
+            return HISTORIC_NAMES[full]
+        return f"{HISTORIC_MODULES.get(module, module)}.{qualname}"
+    return HISTORIC_MODULES.get(module, module)
 
 
 def moved_module(old: str, stacklevel: int = 2) -> types.ModuleType:

@@ -162,7 +162,7 @@ def test_ragged_pad_of_higher_rank_fields(tmp_path) -> None:
 
 def test_stats_describe_the_pass(snap, caplog) -> None:
     reader = snap.batches(100, shuffle=True)
-    with caplog.at_level("DEBUG", logger="snapstore.read.batches"):
+    with caplog.at_level("DEBUG", logger="snapstore.batches"):
         for _ in reader:
             pass
     stats = reader.stats()

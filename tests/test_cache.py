@@ -139,7 +139,7 @@ def test_a_limit_below_one_block_bypasses_the_cache_and_warns_once(
         for epoch in range(2):
             assert epoch_ids(snap, epoch) == reference(root, fingerprint, epoch)
     assert store.hits == 0 and store.misses >= 2 * blocks
-    warnings = [r for r in caplog.records if r.name == "snapstore.storage.cache"]
+    warnings = [r for r in caplog.records if r.name == "snapstore.cache"]
     assert len(warnings) == 1 and "does not fit" in warnings[0].getMessage()
     assert files_under(tmp_path / "cache") == []
 

@@ -582,3 +582,44 @@ def test_diff_parts_sentences(tmp_path: Path) -> None:
 
 
 # -- transitive code identity: an edit-detection matrix over temporary user modules ---------
+
+
+def test_snapstore_names_keep_their_fingerprint() -> None:
+    """A stage whose code reads snapstore's names (``Columns``, ``Field``, ``default_root``...)
+    and takes a ``WriteOptions`` hashes them as they were named before the layer subpackages:
+    the digests below come from the release before them (commit 004d52a), so moving a module
+    does not make every such snapshot a miss."""
+    import snapstore_names_stage
+
+    import snapstore
+
+    fp = fingerprint_stage(
+        snapstore_names_stage.stage,
+        (10,),
+        {"options": snapstore.WriteOptions()},
+        format_version=1,
+    )
+    assert fp.parts["code"][:16] == "1f3023356a23d11c"
+    assert fp.parts["arguments"][:16] == "2ae2ad814d9d9846"
+    assert fp.digest == "f3ff7e6b5b445872d2ca684dd7e1e455"
+    assert hash_value(snapstore.WriteOptions()) == (
+        "15b4e3a3aa29183a30f77293a3c137017fb371e5e355c19ef396fcd0a9c18d8a"
+    )
+
+
+def test_historic_names_name_modules_and_objects_that_exist() -> None:
+    import importlib
+
+    from snapstore.oldpaths import HISTORIC_MODULES, HISTORIC_NAMES, historic_name
+
+    for module in HISTORIC_MODULES:
+        importlib.import_module(module)
+    for full in HISTORIC_NAMES:
+        module, _, name = full.rpartition(".")
+        assert hasattr(importlib.import_module(module), name), full
+    assert historic_name("snapstore.storage.local", "LocalStore") == "snapstore.store.LocalStore"
+    assert historic_name("snapstore.format.fields", "Field") == "snapstore.schema.Field"
+    assert historic_name("snapstore.read.options", "ReaderOptions") == (
+        "snapstore.options.ReaderOptions"
+    )
+    assert historic_name("numpy", "ndarray") == "numpy.ndarray"

@@ -153,7 +153,7 @@ def test_corrupt_copy_is_removed_and_refetched(
     copy = the_copy(index_dir)
     damage(copy)
     assert not hostindex.verify(copy)
-    with caplog.at_level(logging.WARNING, logger="snapstore.storage.hostindex"):
+    with caplog.at_level(logging.WARNING, logger="snapstore.hostindex"):
         reader, store = open_reader(built)
     assert index_reads(store) == 1  # fetched again
     assert "removing it and reading again" in caplog.text
@@ -197,7 +197,7 @@ def test_unwritable_directory_keeps_the_index_in_memory(
     blocker.write_bytes(b"")
     monkeypatch.setenv(hostindex.INDEX_DIR_ENV, str(blocker / "index"))  # even root cannot
     index, offsets = expected(built)
-    with caplog.at_level(logging.DEBUG, logger="snapstore.storage.hostindex"):
+    with caplog.at_level(logging.DEBUG, logger="snapstore.hostindex"):
         readers = [open_reader(built)[0] for _ in range(3)]
     for reader in readers:
         assert np.array_equal(reader.index, index) and np.array_equal(reader.offsets, offsets)

@@ -342,7 +342,7 @@ def test_a_protocol_without_atomic_create_warns_once(caplog: pytest.LogCaptureFi
     store = FsspecStore(fs, f"/plain-{uuid.uuid4().hex}")
     other = FsspecStore(fs, f"/plain-{uuid.uuid4().hex}")
     assert not store.atomic_create
-    with caplog.at_level(logging.WARNING, logger="snapstore.storage.fsspec_store"):
+    with caplog.at_level(logging.WARNING, logger="snapstore.store"):
         assert store.create_if_absent("fp/COMMIT", b"one") is True
         assert store.create_if_absent("fp/COMMIT", b"two") is False
         other.write_bytes("x", b"1")

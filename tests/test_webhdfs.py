@@ -108,7 +108,7 @@ def test_writes_through_hdfs_urls_point_to_webhdfs(
     monkeypatch.setattr("snapstore.storage.fsspec_store._WARNED", set())
     store = FsspecStore(_HdfsLike(), f"/hdfs-{uuid.uuid4().hex}")
     assert not store.atomic_create
-    with caplog.at_level(logging.WARNING, logger="snapstore.storage.fsspec_store"):
+    with caplog.at_level(logging.WARNING, logger="snapstore.store"):
         store.write_bytes("x", b"1")
         store.write_bytes("y", b"2")
     warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]

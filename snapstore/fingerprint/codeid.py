@@ -75,12 +75,13 @@ from collections.abc import Collection, Iterator
 from typing import Any, Protocol
 
 from ..errors import FingerprintError
+from ..oldpaths import historic_name
 from .hashing import Sink, Unhashable, feed_item, qualname_of
 from .importname import module_name, spellings
 
 __all__ = ["CodeWalk", "ValueEncoder", "package_of"]
 
-log = logging.getLogger(__name__)
+log = logging.getLogger(historic_name(__name__))
 
 _MAX_CODE_DEPTH = 100  # helpers calling helpers this deep are a library mistaken for user code
 _MAX_CODE_OBJECTS = 10_000

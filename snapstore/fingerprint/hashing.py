@@ -14,6 +14,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
+from ..oldpaths import historic_name
 from .importname import module_name
 
 __all__ = [
@@ -68,7 +69,8 @@ def qualname_of(obj: Any) -> str:
     if module in (None, "builtins") or not isinstance(module, str):
         return name if module in (None, "builtins") else f"{module}.{name}"
     namespace = obj.__globals__ if isinstance(obj, types.FunctionType) else None
-    return f"{module_name(module, namespace)}.{name}"
+    # snapstore's own names as they were before its subpackages: the layout is not identity
+    return historic_name(module_name(module, namespace), name)
 
 
 def is_code(value: Any) -> bool:

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..errors import FormatError
+from ..oldpaths import historic_name
 
 try:
     import crc32c as _crc32c
@@ -40,7 +41,7 @@ __all__ = [
     "snapshot_checksum",
 ]
 
-log = logging.getLogger(__name__)
+log = logging.getLogger(historic_name(__name__))
 
 
 @dataclass(frozen=True)

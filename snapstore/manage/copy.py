@@ -38,13 +38,14 @@ import numpy as np
 from ..errors import CorruptBlockError, FormatError, SnapshotNotFoundError, StoreError
 from ..format import layout as fmt
 from ..format.checksums import Checksum, file_checksum
+from ..oldpaths import historic_name
 from ..read.reader import SnapshotReader
 from ..storage.store import Store
 from ..write.writer import publish
 
 __all__ = ["CopyProgress", "CopyResult", "copy_run_name", "copy_snapshot"]
 
-log = logging.getLogger(__name__)
+log = logging.getLogger(historic_name(__name__))
 
 CopyProgress = Callable[[int, int], None]
 """Called as bytes are copied or verified with (bytes done, bytes in all shards); calls are

@@ -37,12 +37,13 @@ import numpy as np
 
 from ..errors import CorruptBlockError, FormatError
 from ..format import layout as fmt
+from ..oldpaths import historic_name
 from ..read.reader import SnapshotReader, load_manifest
 from ..storage.store import Store
 
 __all__ = ["WARNING_KINDS", "ProgressCallback", "VerifyReport", "plan_ranges", "verify_snapshot"]
 
-logger = logging.getLogger(__name__)
+logger = logging.getLogger(historic_name(__name__))
 
 #: ``progress(done_bytes, total_bytes)``: block bytes checked so far, of all the snapshot holds.
 ProgressCallback = Callable[[int, int], None]

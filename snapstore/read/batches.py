@@ -23,6 +23,7 @@ from ..errors import ResumeError
 from ..format.handoff import Handoff
 from ..format.plan import EpochPlan, PlanOptions
 from ..format.ragged import FORMS, check_form
+from ..oldpaths import historic_name
 from .assemble import Allocate, BatchBuilder, chunk_rows
 from .options import ReaderOptions, ReaderSettings, reader_options
 from .prefetch import Prefetcher, ReadStats
@@ -30,7 +31,7 @@ from .reader import SnapshotReader
 
 __all__ = ["BatchReader"]
 
-log = logging.getLogger(__name__)
+log = logging.getLogger(historic_name(__name__))
 
 STATE_VERSION = 1
 # What a state must agree on with the reader it is restored into, besides the snapshot. The

@@ -47,10 +47,11 @@ import numpy as np
 
 from ..errors import FormatError, StoreError
 from ..format.layout import BLOCK_ALIGNMENT
+from ..oldpaths import historic_name
 
 __all__ = ["Concurrency", "PrefetchLimits", "Prefetcher", "PrefetcherClosedError", "ReadStats"]
 
-log = logging.getLogger(__name__)
+log = logging.getLogger(historic_name(__name__))
 
 Fetch = Callable[[str, int, int], Any]
 Decode = Callable[[int, Any], Any]

@@ -32,6 +32,7 @@ from ..format.checksums import file_checksum, snapshot_checksum
 from ..format.columns import BlockColumns
 from ..format.plan import EpochPlan, PlanOptions
 from ..format.schema import Schema
+from ..oldpaths import historic_name
 from ..storage import hostindex
 from ..storage.store import Store
 from .prefetch import Fetch, Prefetcher, PrefetchLimits
@@ -48,7 +49,7 @@ __all__ = [
     "removed_message",
 ]
 
-log = logging.getLogger(__name__)
+log = logging.getLogger(historic_name(__name__))
 
 # Decoded blocks kept for random access; 8 x 1 MiB blocks by default.
 _RANDOM_ACCESS_CACHE_BLOCKS = 8

@@ -58,6 +58,7 @@ import pyarrow as pa
 
 from ..errors import StoreError
 from ..format.checksums import CRC32C
+from ..oldpaths import historic_name
 from .store import LocalStore, Store, open_store
 
 __all__ = [
@@ -70,7 +71,7 @@ __all__ = [
     "default_cache_dir",
 ]
 
-log = logging.getLogger(__name__)
+log = logging.getLogger(historic_name(__name__))
 
 _LAYOUT = "v2"  # a new entry format gets a new directory, so old entries are never misread
 _MAGIC = b"SNAPBLK2"

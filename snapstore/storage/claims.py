@@ -45,6 +45,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from ..oldpaths import historic_name
 from .store import Store
 
 __all__ = [
@@ -58,7 +59,7 @@ __all__ = [
     "remove_claims",
 ]
 
-log = logging.getLogger(__name__)
+log = logging.getLogger(historic_name(__name__))
 
 CLAIMS_DIR = "claims"
 _CLAIM = re.compile(r"claim-(\d{8})")

@@ -23,6 +23,7 @@ from collections.abc import Callable
 from typing import IO, Any, TypeVar
 
 from ..errors import StoreError
+from ..oldpaths import historic_name
 from .base import Store
 from .local import OS_ERROR_HINTS, translated
 from .retry import (
@@ -38,7 +39,7 @@ from .trees import find_tree
 
 __all__ = ["ATOMIC_CREATE_PROTOCOLS", "FsspecStore"]
 
-log = logging.getLogger(__name__)
+log = logging.getLogger(historic_name(__name__))
 
 T = TypeVar("T")
 

@@ -43,6 +43,7 @@ import zstandard
 from ..errors import FormatError
 from ..format import layout as fmt
 from ..format.checksums import CRC32C, file_checksum
+from ..oldpaths import historic_name
 from .cache import user_cache_base
 
 __all__ = [
@@ -57,7 +58,7 @@ __all__ = [
     "verify",
 ]
 
-log = logging.getLogger(__name__)
+log = logging.getLogger(historic_name(__name__))
 
 INDEX_DIR_ENV = "SNAPSTORE_INDEX_DIR"
 # Below this a decoded index is at most 3.5 MB per process: a file per snapshot is not worth it.

@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import IO, Any, TypeVar
 
 from ..errors import StoreError
+from ..oldpaths import historic_name
 from .base import VANISHED_RETRIES, Store
 from .retry import (
     vanished_error,
@@ -33,7 +34,7 @@ from .trees import walk_local
 
 __all__ = ["OS_ERROR_HINTS", "LocalStore", "translated"]
 
-log = logging.getLogger(__name__)
+log = logging.getLogger(historic_name(__name__))
 
 T = TypeVar("T")
 

@@ -41,12 +41,13 @@ from typing import Any
 
 from ..errors import StoreError
 from ..format import layout as fmt
+from ..oldpaths import historic_name
 from .claims import Renewal, new_owner, process_gone
 from .store import Store
 
 __all__ = ["Pin", "PinInfo", "ReadGuard", "last_read", "list_pins", "live_pins", "pin"]
 
-log = logging.getLogger(__name__)
+log = logging.getLogger(historic_name(__name__))
 
 PINS_DIR = "pins"
 DEFAULT_LEASE = 600.0

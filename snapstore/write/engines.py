@@ -46,6 +46,7 @@ from typing import Any, Protocol
 
 from ..errors import StageError
 from ..format.schema import Schema
+from ..oldpaths import historic_name
 from ..storage.store import Store
 from ..storage.travel import portable, reopen
 from .partitions import write_partition
@@ -69,7 +70,7 @@ __all__ = [
     "usable_cores",
 ]
 
-log = logging.getLogger(__name__)
+log = logging.getLogger(historic_name(__name__))
 
 ENGINE_NAMES = ("process", "thread", "ray", "dask")
 

@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from ..errors import BusyError, SnapstoreError, StageError
+from ..oldpaths import historic_name
 from ..read.reader import load_manifest
 from ..storage import claims
 from ..storage.store import LocalStore, Store
@@ -46,7 +47,7 @@ __all__ = [
     "run_job",
 ]
 
-log = logging.getLogger(__name__)
+log = logging.getLogger(historic_name(__name__))
 
 Calls = list[tuple[tuple[Any, ...], dict[str, Any]]]
 

@@ -21,6 +21,7 @@ from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..oldpaths import historic_name
 from ..storage import claims
 from ..storage.listing import map_concurrently
 from ..storage.store import Store
@@ -31,7 +32,7 @@ from .writer import ProgressCallback
 
 __all__ = ["PartitionJob", "compute_partitions"]
 
-log = logging.getLogger(__name__)
+log = logging.getLogger(historic_name(__name__))
 
 Busy = Callable[[int, claims.ClaimState], bool]
 """Called for a partition another live job holds: raise, return True to stop (the caller

@@ -24,11 +24,12 @@ import time
 from collections.abc import Callable
 from typing import IO, Any
 
+from ..oldpaths import historic_name
 from ..storage.claims import ClaimState, Clock, SystemClock
 
 __all__ = ["Display", "ProgressArg", "Reporter", "interactive", "open_reporter", "tee"]
 
-log = logging.getLogger(__name__)
+log = logging.getLogger(historic_name(__name__))
 
 ProgressArg = bool | Callable[[int, int], None] | None
 """What ``materialize(progress=...)`` accepts."""

@@ -43,11 +43,12 @@ from ..format.columns import (
 )
 from ..format.inference import check_keys, infer_schema, merge_fields, resolve, sample_items
 from ..format.schema import Schema
+from ..oldpaths import historic_name
 from ..storage.store import Store
 
 __all__ = ["Columns", "ProgressCallback", "SnapshotWriter", "WriteOptions"]
 
-log = logging.getLogger(__name__)
+log = logging.getLogger(historic_name(__name__))
 
 ProgressCallback = Callable[[int, int], None]
 """Called after each block is written with (samples written so far, bytes stored so far)."""
