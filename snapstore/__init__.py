@@ -79,5 +79,7 @@ def __getattr__(name: str) -> object:
     """``snapstore.store`` and the other modules that moved into subpackages, by their old
     names (see :mod:`snapstore.oldpaths`)."""
     if name in MOVED:
-        return moved_module(name)
+        module = moved_module(name)
+        globals()[name] = module  # one warning, not one per look (`from snapstore import gc`)
+        return module
     raise AttributeError(f"module 'snapstore' has no attribute {name!r}")

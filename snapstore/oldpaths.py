@@ -146,7 +146,7 @@ class _Alias(importlib.abc.Loader):
         self.spec: importlib.machinery.ModuleSpec | None = None
 
     def create_module(self, spec: importlib.machinery.ModuleSpec) -> types.ModuleType:
-        module = moved_module(self.old, stacklevel=8)  # past the import machinery's frames
+        module = moved_module(self.old, stacklevel=2)  # warnings skips importlib's frames
         self.spec = module.__spec__
         return module
 

@@ -35,8 +35,9 @@ from .read.reader import (
 from .storage import claims, pins
 from .storage.store import Store, open_store
 from .write import jobs
-from .write.jobs import StageJob, log_found, run_job
+from .write.jobs import StageJob, log_found, partition_calls, run_job
 from .write.progress import ProgressArg, Reporter
+from .write.stageoptions import NAMES as STAGE_SETTINGS
 from .write.stageoptions import StageOptions, StageSettings, stage_options
 from .write.writer import ProgressCallback
 
@@ -348,6 +349,29 @@ class Stage:
         self.config.check_function(fn, self.name)
         self.clock: claims.Clock = claims.SystemClock()
         functools.update_wrapper(self, fn)
+
+    def __getattr__(self, name: str) -> Any:
+        """The settings as attributes, as before they were one object: ``stage.lease`` is
+        ``stage.config.lease``."""
+        if name in STAGE_SETTINGS and "config" in vars(self):
+            return getattr(self.config, name)
+        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+
+    def partition_calls(self, snap: Snapshot) -> list[tuple[tuple[Any, ...], dict[str, Any]]]:
+        """The calls, ``(args, kwargs)`` per partition, that ``snap`` (a call of this
+        partitioned stage) is split into (see :func:`snapstore.write.jobs.partition_calls`).
+
+        Raises
+        ------
+        ValueError
+            If the stage has no ``partition_by``.
+        TypeError
+            If the argument named by ``partition_by`` is not a sequence.
+        """
+        by = self.config.partition_by
+        if by is None:
+            raise ValueError(f"{self.name} has no partition_by: it is computed as one call")
+        return partition_calls(self.fn, snap._args, snap._kwargs, by, self.config.partition_size)
 
     def fingerprint(self, *args: Any, **kwargs: Any) -> Fingerprint:
         """The fingerprint of a call, without running anything."""

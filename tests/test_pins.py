@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import errno
 import json
+import os
 import subprocess
 import sys
 import threading
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -248,3 +251,25 @@ def test_an_unreadable_pin_counts_as_live(store: Store) -> None:
     fp = committed(store)
     store.write_bytes(f"{fp}/pins/pin-someone-00000000", json.dumps({"x": 1}).encode())
     assert len(pins.live_pins(store, fp)) == 1
+
+
+def test_removal_lets_a_file_go_while_it_runs(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A reader renames its pin from a temporary name while removal lists the directory: the
+    file removal meant to delete is already gone, and that is not an error (CI once failed
+    here with FileNotFoundError)."""
+    store = LocalStore(tmp_path)
+    fp = committed(store, 10)
+    (tmp_path / fp / "pins").mkdir(exist_ok=True)
+    (tmp_path / fp / "pins" / ".read-x.tmp").write_bytes(b"{}")
+    real_unlink = os.unlink
+
+    def renamed_meanwhile(path: Any, *args: Any, **kwargs: Any) -> None:
+        real_unlink(path, *args, **kwargs)
+        if str(path).endswith(".tmp"):  # gone before removal got to it
+            raise FileNotFoundError(errno.ENOENT, "No such file or directory", str(path))
+
+    monkeypatch.setattr(os, "unlink", renamed_meanwhile)
+    remove_snapshot(store, fp)
+    assert not (tmp_path / fp).exists()

@@ -7,7 +7,9 @@ module stay importable from where users import them, as the same objects."""
 from __future__ import annotations
 
 import importlib
+import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -355,3 +357,21 @@ def test_unknown_module_paths_still_fail() -> None:
         importlib.import_module("snapstore.no_such_module")
     with pytest.raises(AttributeError, match="no_such_module"):
         _ = snapstore.no_such_module
+
+
+def test_old_paths_warn_at_the_users_line_and_once(tmp_path: Path) -> None:
+    """The warning names the user's file and line, so Python's default filters show it (a
+    warning attributed to importlib's frames would be hidden), and each old name warns once."""
+    script = tmp_path / "uses_old_paths.py"
+    script.write_text(
+        "import snapstore.store\n"
+        "from snapstore.gc import collect_garbage\n"
+        "from snapstore import catalog\n"
+        "import snapstore\n"
+        "snapstore.format.COMMIT_NAME\n"
+    )
+    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, check=True)
+    lines = [line for line in done.stderr.splitlines() if "DeprecationWarning" in line]
+    assert [line.split(": DeprecationWarning")[0] for line in lines] == [
+        f"{script}:{n}" for n in (1, 2, 3, 5)
+    ], done.stderr

@@ -41,7 +41,7 @@ def __getattr__(name: str) -> object:
     :mod:`snapstore.fingerprint.digest`)."""
     from . import digest
 
-    if name.startswith("__") or not hasattr(digest, name):
+    if name.startswith("_") or isinstance(getattr(digest, name, None), (type(None), type(digest))):
         raise AttributeError(f"module 'snapstore.fingerprint' has no attribute {name!r}")
     import warnings
 

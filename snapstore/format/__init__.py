@@ -34,7 +34,7 @@ def __getattr__(name: str) -> object:
     """Names of the old ``snapstore.format`` module (now :mod:`snapstore.format.layout`)."""
     from . import layout
 
-    if name.startswith("__") or not hasattr(layout, name):
+    if name.startswith("_") or isinstance(getattr(layout, name, None), (type(None), type(layout))):
         raise AttributeError(f"module 'snapstore.format' has no attribute {name!r}")
     import warnings
 

@@ -65,13 +65,16 @@ def _remove_dir_tree(target: Path) -> None:
     """``shutil.rmtree`` that lets files go while it runs and runs again when files came
     meanwhile (a reader's pin written, renamed or renewed as its snapshot is removed)."""
 
-    def gone_is_fine(func: object, path: str, exc_info: tuple[type, BaseException, object]) -> None:
-        if not isinstance(exc_info[1], FileNotFoundError):
-            raise exc_info[1]
+    def gone_is_fine(func: object, path: str, exc: Any) -> None:
+        error = exc[1] if isinstance(exc, tuple) else exc  # onerror's exc_info, onexc's error
+        if not isinstance(error, FileNotFoundError):
+            raise error
 
+    # Python 3.12 deprecates onerror for onexc, which passes the exception itself.
+    handler: dict[str, Any] = {"onexc" if sys.version_info >= (3, 12) else "onerror": gone_is_fine}
     for attempt in range(8):
         try:
-            shutil.rmtree(target, onerror=gone_is_fine)
+            shutil.rmtree(target, **handler)
         except OSError as exc:
             if exc.errno != errno.ENOTEMPTY or attempt == 7:
                 raise
