@@ -15,7 +15,8 @@ clauses keep working::
     │   └── CorruptBlockError                         a block's checksum does not match
     ├── ResumeError(SnapstoreError, ValueError)       a resume state does not fit the reader
     ├── StageError(SnapstoreError, RuntimeError)      the stage did not return samples
-    │   └── CannotTravelError (snapstore.write.engines)     a stage cannot go to a worker process
+    │   └── CannotTravelError                         a stage cannot go to a worker process
+    │                                                 (in snapstore.write.engines)
     ├── BusyError(SnapstoreError, RuntimeError)       another job holds the claim (on_busy="error")
     └── StoreError(SnapstoreError, OSError)           the storage backend failed
 

@@ -9,9 +9,9 @@ snapshot (memory maps, decode caches, the event loop of an async filesystem) is 
 a child. What the parent read and verified (commit record, manifest, a block index of up to
 16 MiB) travels with the handle, so a worker makes no metadata request: it relies on the
 parent's pin (see :mod:`snapstore.storage.pins`). The handle carries its store with
-:func:`portable` and
-:func:`reopen`, which live with the stores in :mod:`snapstore.storage.travel` (engine and Ray
-workers use them too) and are importable from here as well.
+:func:`portable` and :func:`reopen`, which live with the stores in
+:mod:`snapstore.storage.travel` (engine and Ray workers use them too) and are importable from
+here as well.
 """
 
 from __future__ import annotations

@@ -1,10 +1,10 @@
 """A field of a sample's schema: its kind, dtype, shape and nullability, and its Arrow type.
 
-The bottom of the schema modules: :mod:`snapstore.format.declare` builds fields from declarations,
-:mod:`snapstore.format.schema` orders them into a :class:`~snapstore.format.schema.Schema` (and
-re-exports
-:class:`Field`, :data:`FieldKind` and :data:`SUPPORTED_DTYPES`, where users import them); see
-:mod:`snapstore.format.schema` for the Arrow layout of each kind.
+The bottom of the schema modules: :mod:`snapstore.format.declare` builds fields from
+declarations, :mod:`snapstore.format.schema` orders them into a
+:class:`~snapstore.format.schema.Schema` (and re-exports :class:`Field`, :data:`FieldKind` and
+:data:`SUPPORTED_DTYPES`, where users import them); see :mod:`snapstore.format.schema` for the
+Arrow layout of each kind.
 """
 
 from __future__ import annotations

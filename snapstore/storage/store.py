@@ -1,19 +1,20 @@
-"""Storage backends: one small interface over local disk and fsspec filesystems.
+"""Opening a store for a root: a local path, a ``file://`` URL or any fsspec URL.
 
-A store is rooted at a directory or URL; every path it takes is relative to that root and uses
-``/``. The one primitive the commit protocol needs is :meth:`Store.create_if_absent`: it writes a
-small file only if no file of that name exists, atomically, and says whether it did.
-:class:`LocalStore` does it with a temp file and ``os.link`` (atomic on POSIX); an
-:class:`FsspecStore` asks the service (GCS ``ifGenerationMatch=0``, S3 ``If-None-Match: *``)
-or, for fsspec's memory filesystem, holds a process-wide lock. :data:`ATOMIC_CREATE_PROTOCOLS`
-lists the protocols where it is atomic (HDFS: over WebHDFS, :mod:`snapstore.storage.webhdfs`);
-elsewhere (``hdfs://``) the store warns once.
+:func:`open_store` picks the backend: :class:`~snapstore.storage.local.LocalStore` for a local
+root, :class:`~snapstore.storage.webhdfs.WebHDFSStore` for ``webhdfs://`` (through
+:data:`KNOWN_OPENERS`, imported on first use), and
+:class:`~snapstore.storage.fsspec_store.FsspecStore` for any other URL. The contract every store
+keeps is :class:`~snapstore.storage.base.Store`; its one commit primitive,
+:meth:`~snapstore.storage.base.Store.create_if_absent`, is atomic on a local filesystem (a temp
+file and ``os.link``), on GCS (``ifGenerationMatch=0``), on S3 (``If-None-Match: *``), in
+fsspec's memory filesystem (a process-wide lock) and over WebHDFS (``overwrite=false``); see
+:data:`ATOMIC_CREATE_PROTOCOLS`. Elsewhere (``hdfs://``) the store warns once.
 
-Errors are translated here, at the boundary. A missing file stays ``FileNotFoundError`` (the
-reader and the commit protocol rely on it). An :class:`FsspecStore` retries transient failures
-(timeouts, resets, HTTP 429 and 5xx) under a :class:`RetryPolicy`; anything else, and a
-transient failure that outlasts the retries, becomes :class:`StoreError` naming the URL and
-what to check.
+Errors are translated at the boundary, in each backend: a missing file stays
+``FileNotFoundError`` (the reader and the commit protocol rely on it); an fsspec store retries
+transient failures (timeouts, resets, HTTP 429 and 5xx) under a :class:`RetryPolicy`; anything
+else becomes :class:`~snapstore.errors.StoreError` naming the URL and what to check. This module
+also exports the stores and :class:`RetryPolicy`, where code has imported them from.
 """
 
 from __future__ import annotations
@@ -26,9 +27,7 @@ from ..errors import StoreError
 from .base import Store
 from .fsspec_store import ATOMIC_CREATE_PROTOCOLS, FsspecStore
 from .local import LocalStore
-from .retry import (
-    RetryPolicy,
-)
+from .retry import RetryPolicy
 from .roots import default_root, refuse_mistyped_url
 
 __all__ = [
