@@ -205,6 +205,7 @@ class ReadGuard:
         self.lost: str | None = None
         self.pin: Pin | None = None
         self._released = threading.Event()
+        self._started = threading.Event()
         self._lock = threading.Lock()
         self._thread = threading.Thread(target=self._run, name="snapstore-pin", daemon=True)
         _guards.add(self)
@@ -218,6 +219,7 @@ class ReadGuard:
         with self._lock:
             if not self._released.is_set() and self._thread.ident is None:
                 self._thread.start()
+                self._started.set()
 
     def _run(self) -> None:
         try:
@@ -277,11 +279,13 @@ class ReadGuard:
         return self._thread.ident is not None
 
     def wait(self, timeout: float | None = None) -> bool:
-        """Wait until the pin is written and confirmed (or refused); False on timeout, or if
-        it was never started."""
-        if self._thread.ident is None:
+        """Wait until the pin is started (a reader starts it once its first requests are out,
+        which may be after its first batch), written and confirmed (or refused); False on
+        timeout."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        if not self._started.wait(timeout):
             return False
-        self._thread.join(timeout)
+        self._thread.join(None if deadline is None else max(0.0, deadline - time.monotonic()))
         return not self._thread.is_alive()
 
     def release(self, timeout: float | None = None) -> None:
