@@ -20,6 +20,7 @@ import warnings
 from collections.abc import Sequence
 
 __all__ = [
+    "moved_attribute",
     "HISTORIC_MODULES",
     "HISTORIC_NAMES",
     "MOVED",
@@ -136,6 +137,26 @@ def moved_module(old: str, stacklevel: int = 2) -> types.ModuleType:
         stacklevel=stacklevel + 1,
     )
     return importlib.import_module(new)
+
+
+def moved_attribute(package: str, module: types.ModuleType, name: str) -> object:
+    """``<package>.<name>`` for the two modules that became packages (``snapstore.format``,
+    ``snapstore.fingerprint``): the value of ``name`` in ``module``, where it lives now, after
+    a DeprecationWarning at the caller's line (the package's ``__getattr__`` calls this).
+
+    Raises
+    ------
+    AttributeError
+        If ``module`` has no such value (its private names and imported modules are not
+        forwarded).
+    """
+    value = getattr(module, name, None)
+    if name.startswith("_") or value is None or isinstance(value, types.ModuleType):
+        raise AttributeError(f"module {package!r} has no attribute {name!r}")
+    warnings.warn(
+        f"{package}.{name} moved to {module.__name__}.{name}", DeprecationWarning, stacklevel=3
+    )
+    return value
 
 
 class _Alias(importlib.abc.Loader):

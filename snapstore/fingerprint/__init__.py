@@ -11,6 +11,7 @@ Layer: above :mod:`snapstore.storage`; imports it, :mod:`snapstore.format` and
 :mod:`snapstore.errors`.
 """
 
+from ..oldpaths import moved_attribute
 from .digest import (
     FINGERPRINT_SCHEME,
     Fingerprint,
@@ -41,13 +42,4 @@ def __getattr__(name: str) -> object:
     :mod:`snapstore.fingerprint.digest`)."""
     from . import digest
 
-    if name.startswith("_") or isinstance(getattr(digest, name, None), (type(None), type(digest))):
-        raise AttributeError(f"module 'snapstore.fingerprint' has no attribute {name!r}")
-    import warnings
-
-    warnings.warn(
-        f"snapstore.fingerprint.{name} moved to snapstore.fingerprint.digest.{name}",
-        DeprecationWarning,
-        stacklevel=2,
-    )
-    return getattr(digest, name)
+    return moved_attribute("snapstore.fingerprint", digest, name)

@@ -11,6 +11,7 @@ Layer: the lowest but one. Modules here import only :mod:`snapstore.errors` and 
 do no I/O beyond a local file.
 """
 
+from ..oldpaths import moved_attribute
 from .declare import nullable
 from .layout import FORMAT_VERSION, READABLE_VERSIONS, CommitRecord
 from .plan import EpochPlan, PlanOptions
@@ -34,13 +35,4 @@ def __getattr__(name: str) -> object:
     """Names of the old ``snapstore.format`` module (now :mod:`snapstore.format.layout`)."""
     from . import layout
 
-    if name.startswith("_") or isinstance(getattr(layout, name, None), (type(None), type(layout))):
-        raise AttributeError(f"module 'snapstore.format' has no attribute {name!r}")
-    import warnings
-
-    warnings.warn(
-        f"snapstore.format.{name} moved to snapstore.format.layout.{name}",
-        DeprecationWarning,
-        stacklevel=2,
-    )
-    return getattr(layout, name)
+    return moved_attribute("snapstore.format", layout, name)
