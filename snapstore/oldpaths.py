@@ -6,6 +6,11 @@ snapstore.store`` and ``from snapstore.gc import collect_garbage`` keep working,
 new path (so classes, and objects pickled under either name, are the same). The finder is
 appended to :data:`sys.meta_path` when :mod:`snapstore` is imported and answers only for the
 names below.
+
+The old names also live on where a name is identity: :func:`historic_name` is what fingerprints
+hash a snapstore class or function as, and what its module's logger is called, so a stage that
+reads ``snapstore.Columns`` keeps its snapshots and ``logging.getLogger("snapstore.store")``
+keeps configuring the store's messages.
 """
 
 from __future__ import annotations
@@ -20,13 +25,13 @@ import warnings
 from collections.abc import Sequence
 
 __all__ = [
-    "moved_attribute",
     "HISTORIC_MODULES",
     "HISTORIC_NAMES",
     "MOVED",
     "OldPathFinder",
     "historic_name",
     "install",
+    "moved_attribute",
     "moved_module",
 ]
 
