@@ -248,3 +248,18 @@ def test_readme_draws_the_same_layers() -> None:
             else list(members)
         )
         assert sorted(drawn[name]) == sorted(expected), f"layer {name} in README.md"
+
+
+def test_every_subpackage_is_packaged() -> None:
+    """pyproject.toml lists packages by name: a subpackage left out would be missing from a
+    wheel (an editable install would still find it, so nothing else here would notice)."""
+    import tomllib
+
+    config = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    listed = set(config["tool"]["setuptools"]["packages"])
+    packages = {m for m, p in MODULES.items() if p.name == "__init__.py"}
+    assert listed == packages, (
+        f"add {sorted(packages - listed)} to [tool.setuptools] packages in pyproject.toml"
+        if packages - listed
+        else f"pyproject.toml lists packages that do not exist: {sorted(listed - packages)}"
+    )
