@@ -205,6 +205,11 @@ def stage(items, log=""):
     for item in items:
         with open(log, "a") as f:
             f.write(f"{item} {os.getpid()}\\n")
+        deadline = time.time() + 60  # with $MEET_WORKERS=n, until n processes have logged
+        while len({line.split()[1] for line in open(log)}) < int(os.environ.get("MEET_WORKERS", 0)):
+            if time.time() > deadline:
+                break
+            time.sleep(0.01)
         time.sleep(float(os.environ.get("SLOW", "0")))
         yield {"item": item, "v": np.full(16, item, np.int32)}
 
@@ -241,7 +246,10 @@ def test_a_guarded_script_runs_on_processes_and_an_unguarded_one_on_threads(
     for text, on_processes in ((GUARDED, True), (UNGUARDED, False)):
         log = tmp_path / f"log-{on_processes}"
         cmd = [sys.executable, str(script(tmp_path, text)), str(tmp_path / "r"), str(log)]
-        run = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+        # On processes, each partition waits until both workers are up: on a busy machine the
+        # first could otherwise take all eight before the second starts.
+        env = {**os.environ, "MEET_WORKERS": "2" if on_processes else "0"}
+        run = subprocess.run(cmd, capture_output=True, text=True, timeout=120, env=env)
         assert run.returncode == 0, run.stderr
         result = json.loads(run.stdout)
         pids = {pid for _, pid in logged(log)}
