@@ -273,3 +273,33 @@ def test_removal_lets_a_file_go_while_it_runs(
     monkeypatch.setattr(os, "unlink", renamed_meanwhile)
     remove_snapshot(store, fp)
     assert not (tmp_path / fp).exists()
+
+
+OPEN_AND_EXIT = """
+import json, sys, snapstore
+url, options, fp = sys.argv[1], json.loads(sys.argv[2]), sys.argv[3]
+snap = snapstore.open(fp, root=snapstore.open_store(url, **options))
+print(len(snap), snap[0]["x"])
+assert snap._guard.wait(30)  # pinned; the process exits with the snapshot open (no close())
+"""
+
+
+def test_a_reader_on_a_bucket_that_exits_without_closing_takes_its_pin_down(
+    remote_root: tuple[str, dict[str, object]],
+) -> None:
+    """gcsfs and s3fs close their sessions at exit; the pins come down first, while the store
+    still works, and no renewal fails noisily on a closed session."""
+    url, options = remote_root
+    store = snapstore.open_store(url, **options)
+    fp = committed(store)
+    done = subprocess.run(
+        [sys.executable, "-c", OPEN_AND_EXIT, url, json.dumps(options), fp],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+    )
+    assert done.stdout.split() == ["20", "0"]
+    assert "Traceback" not in done.stderr, done.stderr
+    assert [n for n in store.list_dir(f"{fp}/pins") if n.startswith("pin-")] == []
+    assert pins.last_read(store, fp) is not None

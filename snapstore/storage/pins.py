@@ -72,6 +72,14 @@ def _release_all() -> None:
         handle.release()
 
 
+def _release_at_exit_first() -> None:
+    """Move :func:`_release_all` to the front of the exit handlers (they run last registered
+    first): a filesystem imported after this module (gcsfs, s3fs) closes its sessions at exit,
+    and pins must come down, and stop renewing, while their store still works."""
+    atexit.unregister(_release_all)
+    atexit.register(_release_all)
+
+
 @dataclass(frozen=True)
 class PinInfo:
     """One reader's newest pin: who, where, and when it was last renewed (wall time)."""
@@ -125,6 +133,7 @@ class Pin:
         """Renew every ``lease / 4`` seconds until :meth:`release`."""
         self._renewal.start("snapstore-pin")
         _active.add(self)
+        _release_at_exit_first()
 
     def release(self) -> None:
         """Stop renewing and delete the pin. Safe to call twice."""
@@ -218,6 +227,7 @@ class ReadGuard:
             return  # started: the common case, on every read of an open snapshot
         with self._lock:
             if not self._released.is_set() and self._thread.ident is None:
+                _release_at_exit_first()
                 self._thread.start()
                 self._started.set()
 
