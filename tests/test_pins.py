@@ -303,3 +303,28 @@ def test_a_reader_on_a_bucket_that_exits_without_closing_takes_its_pin_down(
     assert "Traceback" not in done.stderr, done.stderr
     assert [n for n in store.list_dir(f"{fp}/pins") if n.startswith("pin-")] == []
     assert pins.last_read(store, fp) is not None
+
+
+HANG_AT_EXIT = """
+import sys, snapstore
+from snapstore.storage.simulate import simulated_store
+store = simulated_store(sys.argv[1], ttfb=0.01)
+snap = snapstore.open(sys.argv[2], root=store)
+print(snap[0]["x"])
+assert snap._guard.wait(30)
+store.fs.ttfb = 600.0  # the store stops answering: taking the pin down would never end
+"""
+
+
+def test_exit_does_not_wait_for_a_store_that_stopped_answering(tmp_path: Path) -> None:
+    """Taking pins down at exit is bounded (pins expire anyway): a process whose store stopped
+    answering still exits, instead of hanging on the release (the timeout is a hang guard)."""
+    fp = committed(LocalStore(tmp_path))
+    done = subprocess.run(
+        [sys.executable, "-c", HANG_AT_EXIT, str(tmp_path), fp],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+    )
+    assert done.stdout.split() == ["0"]

@@ -58,18 +58,25 @@ CONFIRM_DELAYS = (0.0, 0.5, 1.0, 2.0)
 _warned = False
 _active: weakref.WeakSet[Pin] = weakref.WeakSet()
 _guards: weakref.WeakSet[ReadGuard] = weakref.WeakSet()
-# Seconds an exiting process waits for a pin still on its way, to take it down.
+# Seconds an exiting process spends taking its pins down (those still on their way included);
+# past that, against a store that does not answer, it exits and the pins expire.
 _EXIT_WAIT = 5.0
 
 
 @atexit.register
 def _release_all() -> None:
     """A process that exits without closing its snapshots still takes its pins down, those
-    still being written in the background included."""
-    for guard in list(_guards):
-        guard.release(timeout=_EXIT_WAIT)
-    for handle in list(_active):
-        handle.release()
+    still being written in the background included, within :data:`_EXIT_WAIT` seconds."""
+
+    def release() -> None:
+        for guard in list(_guards):
+            guard.release(timeout=_EXIT_WAIT)
+        for handle in list(_active):
+            handle.release()
+
+    worker = threading.Thread(target=release, name="snapstore-pin-exit", daemon=True)
+    worker.start()
+    worker.join(_EXIT_WAIT)
 
 
 def _release_at_exit_first() -> None:
