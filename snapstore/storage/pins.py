@@ -61,28 +61,61 @@ _guards: weakref.WeakSet[ReadGuard] = weakref.WeakSet()
 # Seconds an exiting process spends taking its pins down (those still on their way included);
 # past that, against a store that does not answer, it exits and the pins expire.
 _EXIT_WAIT = 5.0
+# The thread that takes pins down at exit, started (idle) with the first pin of a process:
+# an exit handler may not start a thread (Python 3.12 forbids it), and it must not wait
+# without bound on a store that stopped answering. (pid, thread): a forked child has none.
+_exit_helper: tuple[int, threading.Thread] | None = None
+_exit_lock = threading.Lock()
+_exit_requested = threading.Event()
+_exit_done = threading.Event()
+
+
+def _release_now() -> None:
+    """Take down this process's pins (not those a forked child inherited from its parent)."""
+    pid = os.getpid()
+    for guard in list(_guards):
+        if guard.pid == pid:
+            guard.release(timeout=_EXIT_WAIT)
+    for handle in list(_active):
+        if handle.pid == pid:
+            handle.release()
+
+
+def _exit_helper_run() -> None:
+    _exit_requested.wait()
+    try:
+        _release_now()
+    finally:
+        _exit_done.set()
 
 
 @atexit.register
 def _release_all() -> None:
     """A process that exits without closing its snapshots still takes its pins down, those
-    still being written in the background included, within :data:`_EXIT_WAIT` seconds."""
-
-    def release() -> None:
-        for guard in list(_guards):
-            guard.release(timeout=_EXIT_WAIT)
-        for handle in list(_active):
-            handle.release()
-
-    worker = threading.Thread(target=release, name="snapstore-pin-exit", daemon=True)
-    worker.start()
-    worker.join(_EXIT_WAIT)
+    still being written in the background included, within :data:`_EXIT_WAIT` seconds.
+    A forked child whose parent pinned does nothing: those pins are the parent's."""
+    helper = _exit_helper
+    if helper is None or helper[0] != os.getpid() or not helper[1].is_alive():
+        return  # this process started no pin
+    _exit_requested.set()
+    _exit_done.wait(_EXIT_WAIT)
 
 
 def _release_at_exit_first() -> None:
-    """Move :func:`_release_all` to the front of the exit handlers (they run last registered
-    first): a filesystem imported after this module (gcsfs, s3fs) closes its sessions at exit,
-    and pins must come down, and stop renewing, while their store still works."""
+    """Start the exit helper of this process (once), and move :func:`_release_all` to the
+    front of the exit handlers (they run last registered first): a filesystem imported after
+    this module (gcsfs, s3fs) closes its sessions at exit, and pins must come down, and stop
+    renewing, while their store still works."""
+    global _exit_helper
+    with _exit_lock:
+        helper = _exit_helper
+        if helper is None or helper[0] != os.getpid() or not helper[1].is_alive():
+            _exit_requested.clear()
+            _exit_done.clear()
+            thread = threading.Thread(target=_exit_helper_run, name="snapstore-pin-exit")
+            thread.daemon = True
+            thread.start()
+            _exit_helper = (os.getpid(), thread)
     atexit.unregister(_release_all)
     atexit.register(_release_all)
 
@@ -114,6 +147,7 @@ class Pin:
         self.fingerprint = fingerprint
         self.lease = lease
         self.owner = new_owner()
+        self.pid = os.getpid()  # a forked child's copy is its parent's pin, not its own
         self._renewal = Renewal(
             store,
             lambda k: f"{fingerprint}/{PINS_DIR}/pin-{self.owner}-{k:08d}",
@@ -218,6 +252,7 @@ class ReadGuard:
         start: bool = True,
     ) -> None:
         self.store, self.fingerprint, self.record, self.lease = store, fingerprint, record, lease
+        self.pid = os.getpid()
         self.lost: str | None = None
         self.pin: Pin | None = None
         self._released = threading.Event()
