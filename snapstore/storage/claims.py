@@ -245,8 +245,9 @@ class Renewal:
                 except Exception:
                     log.warning("could not renew the %s", self.what, exc_info=True)
 
-        self._thread = threading.Thread(target=run, name=thread_name, daemon=True)
-        self._thread.start()
+        thread = threading.Thread(target=run, name=thread_name, daemon=True)
+        thread.start()  # RuntimeError while the interpreter exits (3.12+): nothing to stop then
+        self._thread = thread
 
     def stop(self) -> None:
         """Stop the thread (and wait for it, unless called from it). Safe to call twice."""

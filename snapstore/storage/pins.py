@@ -205,7 +205,11 @@ def pin(store: Store, fingerprint: str, lease: float = DEFAULT_LEASE) -> Pin | N
             )  # fmt: skip
             _warned = True
         return None
-    handle.start()
+    try:
+        handle.start()
+    except RuntimeError:  # the interpreter is exiting (3.12+ starts no thread then): no reads
+        handle.release()  # are left to protect, and a pin written now would outlive us
+        return None
     return handle
 
 
