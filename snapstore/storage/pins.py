@@ -269,10 +269,10 @@ class ReadGuard:
 
     def start(self) -> None:
         """Write the pin and confirm it on a background thread (once; not after release)."""
-        if self._thread.ident is not None:
+        if self._started.is_set():
             return  # started: the common case, on every read of an open snapshot
         with self._lock:
-            if not self._released.is_set() and self._thread.ident is None:
+            if not self._released.is_set() and not self._started.is_set():
                 _release_at_exit_first()
                 self._thread.start()
                 self._started.set()
@@ -332,7 +332,7 @@ class ReadGuard:
     @property
     def started(self) -> bool:
         """Whether the pin has been started (it may still be on its way)."""
-        return self._thread.ident is not None
+        return self._started.is_set()
 
     def wait(self, timeout: float | None = None) -> bool:
         """Wait until the pin is started (a reader starts it once its first requests are out,
@@ -349,7 +349,7 @@ class ReadGuard:
         its thread once written, if ``timeout`` ran out first). Safe to call twice."""
         with self._lock:
             self._released.set()
-            started = self._thread.ident is not None
+            started = self._started.is_set()
         if started and self._thread is not threading.current_thread():
             self._thread.join(timeout)
         with self._lock:
