@@ -9,10 +9,12 @@ from typing import Any
 import click
 
 from snapstore.storage.listing import root_missing
+from snapstore.storage.roots import check_root
 from snapstore.storage.store import Store, default_root, open_store
 
 __all__ = [
     "Context",
+    "checked_root",
     "human_bytes",
     "no_snapshots",
     "parse_duration",
@@ -46,7 +48,7 @@ class Context:
     """The root the command works on, opened on first use with the storage options."""
 
     def __init__(self, root: str | None, options: dict[str, Any] | None = None) -> None:
-        self.root = root or default_root()
+        self.root = root if root is not None else default_root()
         self.options = dict(options or {})
         self.debug = False
         self._store: Store | None = None
@@ -56,6 +58,17 @@ class Context:
         if self._store is None:
             self._store = open_store(self.root, **self.options)
         return self._store
+
+
+def checked_root(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
+    """Click callback: a root that the library would refuse (``--root ''``, which would be the
+    working directory) is a usage error naming the option."""
+    name = param.opts[0] if isinstance(param, click.Option) else param.human_readable_name
+    try:
+        check_root(value, name)
+    except (TypeError, ValueError) as exc:
+        raise click.UsageError(str(exc), ctx) from None
+    return value
 
 
 def no_snapshots(store: Store) -> str:

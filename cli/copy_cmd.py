@@ -12,7 +12,7 @@ from snapstore.manage.catalog import resolve_fingerprint
 from snapstore.manage.copy import CopyResult, copy_snapshot
 from snapstore.storage.store import open_store
 
-from .common import Context, human_bytes, parse_options
+from .common import Context, checked_root, human_bytes, parse_options
 
 __all__ = ["COMMANDS", "cp_command"]
 
@@ -52,7 +52,7 @@ def _summary(result: CopyResult) -> str:
 
 @click.command("cp")
 @click.argument("fingerprint")
-@click.argument("dest_root", metavar="DEST_ROOT")
+@click.argument("dest_root", metavar="DEST_ROOT", callback=checked_root)
 @click.option(
     "--dest-option",
     "dest_options",

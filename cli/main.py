@@ -30,6 +30,7 @@ from snapstore.manage.verify import verify_snapshot
 
 from .common import (
     Context,
+    checked_root,
     human_bytes,
     no_snapshots,
     parse_duration,
@@ -72,6 +73,7 @@ class _Group(click.Group):
     envvar="SNAPSTORE_ROOT",
     default=None,
     metavar="URL",
+    callback=checked_root,
     help="Where snapshots live (local path or fsspec URL). [env: SNAPSTORE_ROOT]",
 )
 @click.option(

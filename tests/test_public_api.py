@@ -152,6 +152,8 @@ MODULE_ALL = {
         "LocalStore",
         "RetryPolicy",
         "Store",
+        "StoreLike",
+        "as_store",
         "default_root",
         "open_store",
     ],

@@ -17,7 +17,7 @@ from ..read.reader import load_manifest
 from ..storage.claims import inspect_claim
 from ..storage.listing import ListedStore, fingerprint_trees, map_concurrently, root_missing
 from ..storage.pins import last_read, list_pins, live_pins
-from ..storage.store import Store
+from ..storage.store import Store, StoreLike, as_store
 from ..write.partitions import PARTS_DIR
 
 __all__ = [
@@ -32,7 +32,7 @@ __all__ = [
 ]
 
 
-def describe(store: Store, fingerprint: str) -> dict[str, Any]:
+def describe(store: StoreLike, fingerprint: str) -> dict[str, Any]:
     """A JSON-able summary of one fingerprint's directory, committed or not.
 
     ``state`` is ``committed``, ``writing`` (not committed, and a job holds a live claim on it
@@ -43,6 +43,7 @@ def describe(store: Store, fingerprint: str) -> dict[str, Any]:
     many hold it open now (live pins). An uncommitted partitioned snapshot also has
     ``partitions_committed``: the partitions a rerun will not compute again.
     """
+    store = as_store(store)
     if not isinstance(store, ListedStore):  # one recursive listing answers every directory
         store = ListedStore(store, fingerprint, store.list_tree(fingerprint))
     runs = store.list_dir(f"{fingerprint}/runs")
@@ -106,13 +107,14 @@ def _partitions_written(store: Store, fingerprint: str, now: float) -> tuple[int
     return len(wheres) - len(open_), writer
 
 
-def list_snapshots(store: Store) -> list[dict[str, Any]]:
+def list_snapshots(store: StoreLike) -> list[dict[str, Any]]:
     """Summaries of every snapshot directory (committed or not) under the root, by fingerprint.
 
     The directories are listed once (:func:`snapstore.storage.listing.fingerprint_trees`), and the
     snapshots described concurrently from those listings: only their reads (commit records,
     manifests, pins, claims) are requests of their own.
     """
+    store = as_store(store)
     trees = fingerprint_trees(store)
     names = [fp for fp, tree in trees.items() if _holds_snapshot(tree)]
     return map_concurrently(lambda fp: describe(ListedStore(store, fp, trees[fp]), fp), names)
@@ -123,7 +125,7 @@ def _holds_snapshot(tree: dict[str, int]) -> bool:
     return any(k == fmt.COMMIT_NAME or k.startswith(("runs/", f"{PARTS_DIR}/")) for k in tree)
 
 
-def remove_snapshot(store: Store, fingerprint: str, *, respect_pins: bool = True) -> int:
+def remove_snapshot(store: StoreLike, fingerprint: str, *, respect_pins: bool = True) -> int:
     """Remove a snapshot; returns the bytes freed.
 
     The commit record goes first, so the snapshot stops being visible in one step and a crash
@@ -137,6 +139,7 @@ def remove_snapshot(store: Store, fingerprint: str, *, respect_pins: bool = True
     BusyError
         If a reader holds a live pin on the snapshot.
     """
+    store = as_store(store)
     freed = store.disk_usage(fingerprint)
     commit = f"{fingerprint}/{fmt.COMMIT_NAME}"
     if respect_pins:
@@ -179,7 +182,7 @@ def stored_fingerprint(store: Store, fingerprint: str) -> Fingerprint:
     )
 
 
-def diff_snapshots(store: Store, a: str, b: str) -> dict[str, Any]:
+def diff_snapshots(store: StoreLike, a: str, b: str) -> dict[str, Any]:
     """Why snapshot ``b``'s fingerprint differs from ``a``'s, part by part.
 
     Returns
@@ -187,6 +190,7 @@ def diff_snapshots(store: Store, a: str, b: str) -> dict[str, Any]:
     dict
         ``{"a", "b", "differences": [sentences], "parts": {name: {"a", "b", "same"}}}``.
     """
+    store = as_store(store)
     fa, fb = stored_fingerprint(store, a), stored_fingerprint(store, b)
     names = sorted(set(fa.parts) | set(fb.parts))
     parts = {
@@ -231,7 +235,7 @@ def list_fingerprints(store: Store, *, committed_only: bool = True) -> list[str]
     return [n for n, keep in zip(names, map_concurrently(wanted, names)) if keep]
 
 
-def resolve_fingerprint(store: Store, prefix: str, *, committed_only: bool = True) -> str:
+def resolve_fingerprint(store: StoreLike, prefix: str, *, committed_only: bool = True) -> str:
     """The full fingerprint of a snapshot from a unique prefix.
 
     Raises
@@ -242,6 +246,7 @@ def resolve_fingerprint(store: Store, prefix: str, *, committed_only: bool = Tru
     AmbiguousFingerprintError
         If several snapshots match.
     """
+    store = as_store(store)
     if not fmt.is_plain_name(prefix):
         raise SnapshotNotFoundError(
             f"{prefix!r} is not a fingerprint: expected the hex digits `snapstore ls` shows"

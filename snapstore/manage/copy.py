@@ -40,7 +40,7 @@ from ..format import layout as fmt
 from ..format.checksums import Checksum, file_checksum
 from ..oldpaths import historic_name
 from ..read.reader import SnapshotReader
-from ..storage.store import Store
+from ..storage.store import Store, StoreLike, as_store
 from ..write.writer import publish
 
 __all__ = ["CopyProgress", "CopyResult", "copy_run_name", "copy_snapshot"]
@@ -297,9 +297,9 @@ def _flat_manifest(manifest: dict[str, Any], run: str) -> dict[str, Any]:
 
 
 def copy_snapshot(
-    src: Store,
+    src: StoreLike,
     fingerprint: str,
-    dst: Store,
+    dst: StoreLike,
     *,
     jobs: int = 8,
     progress: CopyProgress | None = None,
@@ -309,8 +309,9 @@ def copy_snapshot(
 
     Parameters
     ----------
-    src, dst : Store
-        Source and destination stores (see :func:`snapstore.open_store`).
+    src, dst : Store, str or PathLike
+        Source and destination stores, or roots (paths or URLs) to open with
+        :func:`snapstore.open_store`.
     fingerprint : str
         The full fingerprint of a committed snapshot in ``src``.
     jobs : int
@@ -344,6 +345,7 @@ def copy_snapshot(
     """
     if jobs < 1 or chunk_bytes < 1:
         raise ValueError(f"jobs and chunk_bytes must be >= 1, got {jobs} and {chunk_bytes}")
+    src, dst = as_store(src, "src"), as_store(dst, "dst")
     started = time.monotonic()
     reader, index_bytes = _source(src, fingerprint)
 

@@ -41,7 +41,7 @@ from ..read.reader import load_manifest
 from ..storage.claims import CLAIMS_DIR, inspect_claim
 from ..storage.listing import ListedStore, fingerprint_trees, map_concurrently
 from ..storage.pins import PIN_NAME, PINS_DIR, list_pins, live_pins
-from ..storage.store import Store
+from ..storage.store import Store, StoreLike, as_store
 from ..write.partitions import PARTS_DIR, partition_dir
 
 __all__ = ["Garbage", "Policy", "collect_garbage", "find_garbage", "select_snapshots"]
@@ -72,20 +72,21 @@ def _run_started(run: str) -> float | None:
 
 
 def find_garbage(
-    store: Store, *, min_age: float = 3600.0, now: float | None = None
+    store: StoreLike, *, min_age: float = 3600.0, now: float | None = None
 ) -> list[Garbage]:
     """What :func:`collect_garbage` would remove, without removing anything.
 
     Parameters
     ----------
-    store : Store
-        The root to scan.
+    store : Store, str or PathLike
+        The root to scan: a Store, or a path or URL opened with :func:`snapstore.open_store`.
     min_age : float
         Seconds an uncommitted run must have existed before it counts as abandoned (a slow
         writer without a claim, e.g. an older snapstore, is left alone meanwhile).
     now : float, optional
         Wall time to judge ages and leases by (default: now).
     """
+    store = as_store(store)
     if min_age < 0:
         raise ValueError(f"min_age: expected seconds >= 0, found {min_age!r}")
     now = time.time() if now is None else now
@@ -247,7 +248,7 @@ def _fingerprint_garbage(
 
 
 def collect_garbage(
-    store: Store, *, min_age: float = 3600.0, dry_run: bool = False, now: float | None = None
+    store: StoreLike, *, min_age: float = 3600.0, dry_run: bool = False, now: float | None = None
 ) -> list[Garbage]:
     """Remove uncommitted attempts and expired claims (see the module docstring for the rules).
 
@@ -256,6 +257,7 @@ def collect_garbage(
     list of Garbage
         What was removed (or, with ``dry_run``, what would be).
     """
+    store = as_store(store)
     found = find_garbage(store, min_age=min_age, now=now)
     if not dry_run:
         for item in found:

@@ -39,7 +39,7 @@ from ..errors import CorruptBlockError, FormatError
 from ..format import layout as fmt
 from ..oldpaths import historic_name
 from ..read.reader import SnapshotReader, load_manifest
-from ..storage.store import Store
+from ..storage.store import Store, StoreLike, as_store
 
 __all__ = ["WARNING_KINDS", "ProgressCallback", "VerifyReport", "plan_ranges", "verify_snapshot"]
 
@@ -145,7 +145,7 @@ def plan_ranges(
 
 
 def verify_snapshot(
-    store: Store,
+    store: StoreLike,
     fingerprint: str,
     *,
     progress: ProgressCallback | None = None,
@@ -155,8 +155,8 @@ def verify_snapshot(
 
     Parameters
     ----------
-    store : Store
-        Where the snapshot lives.
+    store : Store, str or PathLike
+        Where the snapshot lives: a Store, or a root (path or URL) to open.
     fingerprint : str
         Its full fingerprint (see :func:`snapstore.snapshot.resolve_fingerprint` for prefixes).
     progress : callable, optional
@@ -181,6 +181,7 @@ def verify_snapshot(
     >>> report = verify_snapshot(store, fp)  # doctest: +SKIP
     >>> report.ok, [p["message"] for p in report.problems]  # doctest: +SKIP
     """
+    store = as_store(store)
     if jobs < 1:
         raise ValueError(f"jobs: expected an int >= 1, found {jobs!r}")
     started = time.perf_counter()

@@ -28,7 +28,7 @@ from .base import Store
 from .fsspec_store import ATOMIC_CREATE_PROTOCOLS, FsspecStore
 from .local import LocalStore
 from .retry import RetryPolicy
-from .roots import default_root, refuse_mistyped_url
+from .roots import check_root, default_root, refuse_mistyped_url
 
 __all__ = [
     "ATOMIC_CREATE_PROTOCOLS",
@@ -37,6 +37,8 @@ __all__ = [
     "LocalStore",
     "RetryPolicy",
     "Store",
+    "StoreLike",
+    "as_store",
     "default_root",
     "open_store",
 ]
@@ -45,6 +47,10 @@ __all__ = [
 # on first use (as fsspec's known_implementations), so that this module does not import them.
 KNOWN_OPENERS = dict.fromkeys(("webhdfs", "swebhdfs"), "snapstore.storage.webhdfs:open_webhdfs")
 
+
+StoreLike = Store | str | os.PathLike[str]
+"""What functions that work on a store take: the Store, or a root to open (see
+:func:`as_store`)."""
 
 _EXTRAS = {"gs": "gcs", "gcs": "gcs", "s3": "s3", "s3a": "s3"}
 
@@ -78,6 +84,10 @@ def open_store(
 
     Raises
     ------
+    TypeError
+        If ``root`` is not a str, PathLike, Store or None (a number, bytes).
+    ValueError
+        If ``root`` is an empty string.
     StoreError
         If the protocol's fsspec driver is not installed, or the URL or options are invalid;
         if a local root is a file (or lies under one); if a local root starts like a URL with
@@ -92,6 +102,7 @@ def open_store(
     answers (every operation waited about 60 s). Without an endpoint the extended class (zonal
     and hierarchical buckets) is kept. No environment variable is ever set.
     """
+    check_root(root)
     if isinstance(root, Store):
         return root
     text = os.fspath(root) if root is not None else default_root()
@@ -130,3 +141,23 @@ def open_store(
     store = FsspecStore(fs, path, retry=retry)
     store.url = text.rstrip("/")  # as given, host included (webhdfs://namenode:9870/snaps)
     return store
+
+
+def as_store(root: StoreLike, name: str = "store") -> Store:
+    """``root`` as a Store: a Store passes through, a path or URL is opened with
+    :func:`open_store` (no storage options). For functions that take a store, so that they
+    take a root too, checked as every root is (the message names ``name``).
+
+    Raises
+    ------
+    TypeError, ValueError
+        If ``root`` is None or not a root (see :func:`~snapstore.storage.roots.check_root`).
+    StoreError
+        As for :func:`open_store`.
+    """
+    if isinstance(root, Store):
+        return root
+    if root is None:
+        raise TypeError(f"{name}: expected a Store, a local path or a URL, found None")
+    check_root(root, name)
+    return open_store(root)

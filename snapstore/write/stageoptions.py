@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal, TypedDict, get_args
 
 from ..format.schema import Schema
+from ..storage.roots import check_root
 from ..storage.store import Store
 from .engines import Engine, make_engine
 from .writer import WriteOptions
@@ -61,8 +62,9 @@ class StageOptions:
     ----------
     root : str, path or Store, optional
         Where snapshots live: a local directory or fsspec URL. Default ``$SNAPSTORE_ROOT``, else
-        the per-user cache directory (``~/.cache/snapstore`` on Linux). Opened, and checked,
-        when the stage is called.
+        the per-user cache directory (``~/.cache/snapstore`` on Linux). Its type is checked
+        here (an empty string, a number or bytes is refused); it is opened, and checked as a
+        store, when the stage is called.
     version : str, optional
         Folded into the fingerprint; bump it to force a new snapshot.
     key : callable, optional
@@ -113,11 +115,12 @@ class StageOptions:
     Raises
     ------
     TypeError
-        If a setting has the wrong type (``ignore="name"``, a ``key`` that is not callable,
-        ``options`` that are not a WriteOptions, a ``partition_size`` that is not an int).
+        If a setting has the wrong type (``root=123`` or bytes, ``ignore="name"``, a ``key``
+        that is not callable, ``options`` that are not a WriteOptions, a ``partition_size``
+        that is not an int).
     ValueError
-        If ``on_busy`` is not a known mode, ``lease`` is not a positive number of seconds,
-        ``partition_size`` is below 1, or the engine is unknown.
+        If ``root`` is an empty string, ``on_busy`` is not a known mode, ``lease`` is not a
+        positive number of seconds, ``partition_size`` is below 1, or the engine is unknown.
 
     Examples
     --------
@@ -148,6 +151,7 @@ class StageOptions:
     workers: int | None = None
 
     def __post_init__(self) -> None:
+        check_root(self.root)
         if self.key is not None and not callable(self.key):
             raise TypeError(
                 f"key: expected a callable key(*args, **kwargs) or None, found "
