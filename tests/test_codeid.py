@@ -666,3 +666,67 @@ def test_sets_of_same_named_functions_do_not_depend_on_set_order(
     monkeypatch.setenv("FPX_BACKWARDS", "1")
     assert hash_value(fns) == forward
     assert fp(configure, [fns]).digest == fp(configure, [fns]).digest
+
+
+def test_a_module_in_a_closure_is_hashed_as_a_module_global() -> None:
+    """``def main(): import numpy as np`` and a stage below it: the module is named (with its
+    package), as when read as a global, not refused as a value."""
+
+    def main() -> Any:
+        import json
+
+        import numpy as np
+
+        def imgs(n: int) -> Any:
+            for i in range(n):
+                yield {"x": np.zeros(3) + i, "j": json.dumps(i)}
+
+        return imgs
+
+    first = fingerprint_stage(main(), (2,), {}, format_version=1)
+    assert first.digest == fingerprint_stage(main(), (2,), {}, format_version=1).digest
+    assert {"numpy", "python"} <= set(first.details["code"]["packages"])
+
+    def make(module: types.ModuleType) -> Any:
+        import json
+
+        np = module
+
+        def imgs(n: int) -> Any:
+            for i in range(n):
+                yield {"x": np.zeros(3) + i, "j": json.dumps(i)}
+
+        return imgs
+
+    # The same key and source: only the module in the cell differs.
+    a = fingerprint_stage(make(np), (2,), {}, format_version=1)
+    b = fingerprint_stage(make(json), (2,), {}, format_version=1)
+    assert a.digest != b.digest
+    assert a.digest == fingerprint_stage(make(np), (2,), {}, format_version=1).digest
+    ignored = fingerprint_stage(main(), (2,), {}, format_version=1, ignore_globals=["np"])
+    assert "numpy" not in ignored.details["code"]["packages"]
+
+
+def test_a_user_module_in_a_closure_is_followed(user_modules: Any) -> None:
+    tree = {
+        "fpx_stage": """
+            def factory():
+                import fpx_helpers
+
+                def stage(paths, n=2):
+                    for p in paths:
+                        yield {"x": fpx_helpers.normalize(p)}
+
+                return stage
+
+            stage = factory()
+        """,
+        "fpx_helpers": TREE["fpx_helpers"],
+        "fpx_deep": TREE["fpx_deep"],
+    }
+    base = stage_fp(user_modules(tree))
+    assert "fpx_helpers.normalize" in base.details["code"]["functions"]
+    changed = stage_fp(user_modules(edited("fpx_helpers", "lower=True", "lower=False", tree)))
+    assert diff_parts(base, changed) == ["code: fpx_helpers.normalize changed"]
+    unrelated = stage_fp(user_modules(edited("fpx_helpers", "x * 3", "x * 4", tree)))
+    assert unrelated.digest == base.digest

@@ -16,7 +16,10 @@ A function's identity covers:
   enclosing source. Without source (a plain REPL, ``exec``) it is the bytecode, names and
   constants, with a logged warning: that is specific to the Python version. Jupyter and IPython
   keep cell sources, which are hashed like files;
-- its default values (not the stage's own: those are arguments) and closure cell contents;
+- its default values (not the stage's own: those are arguments) and closure cell contents (a
+  module in a cell, from ``import numpy as np`` in the enclosing function, is identified as a
+  module read as a global is: named, with its package, and followed along the chains the code
+  reads when it is the user's);
 - every name it reads, found in its bytecode (globals and the attribute chains after them, e.g.
   ``helpers.normalize``; imports inside the function): user functions and classes are visited in
   turn; library functions, classes and modules are named; user modules are followed along the
@@ -309,6 +312,7 @@ class _Reads:
     attrs: set[str] = dataclasses.field(default_factory=set)
     cells_rebound: set[str] = dataclasses.field(default_factory=set)  # nonlocal x; x = ...
     cells_mutated: set[str] = dataclasses.field(default_factory=set)  # x.append(...), x[k] = v
+    cell_chains: set[tuple[str, ...]] = dataclasses.field(default_factory=set)  # cell.a.b
 
 
 def _code_objects(code: types.CodeType) -> Iterator[types.CodeType]:
@@ -341,7 +345,9 @@ def _scan(code: types.CodeType) -> _Reads:
             elif op in ("STORE_DEREF", "DELETE_DEREF") and inst.argval in co.co_freevars:
                 reads.cells_rebound.add(inst.argval)
             elif op == "LOAD_DEREF" and inst.argval in co.co_freevars:
-                reads.cells_mutated.update(c[0] for c in _chain(ins, i)[2] if len(c) == 1)
+                chain, _, mutated = _chain(ins, i)
+                reads.cell_chains.add(chain)
+                reads.cells_mutated.update(c[0] for c in mutated if len(c) == 1)
     return reads
 
 
@@ -546,6 +552,9 @@ class CodeWalk:
             keys = {("cell", id(cell)), ("obj", id(content))}
             if content is _MISSING or keys & self._state:  # not assigned yet, or state
                 feed_item(h, b"unread", qualname_of(type(content)).encode())
+            elif isinstance(content, types.ModuleType):
+                item.reads.update(keys)
+                self._module_cell(h, name, content, reads, item)
             else:
                 item.reads.update(keys)
                 where = f"closure variable {name!r} of {item.key}"
@@ -558,6 +567,27 @@ class CodeWalk:
         for name in sorted(entries):
             feed_item(h, b"global", name.encode())
             feed_item(h, b"identity", entries[name])
+
+    def _module_cell(
+        self, h: Sink, name: str, module: types.ModuleType, reads: _Reads, item: _Item
+    ) -> None:
+        """A module in a closure cell, identified as a module global is (see :meth:`_global`),
+        through the chains the code reads from the cell (``np.zeros``, ``helpers.normalize``).
+
+        A cell's value was refused before ("found module"), so this hashing is new and changes
+        no fingerprint that could be computed before.
+        """
+        if {name, f"{item.key}.{name}"} & self.ignore:
+            feed_item(h, b"ignored")
+            return
+        entries: dict[str, bytes] = {}
+        chains = {chain for chain in reads.cell_chains if chain[0] == name} or {(name,)}
+        for chain in sorted(chains):
+            self._read_chain(entries, chain, {name: module}, item)
+        feed_item(h, b"module-cell")
+        for dotted in sorted(entries):
+            feed_item(h, b"global", dotted.encode())
+            feed_item(h, b"identity", entries[dotted])
 
     def _note_writes(self, fn: types.FunctionType, reads: _Reads) -> None:
         """Mark what ``fn`` writes as state: (kind, id) keys, objects kept alive."""
