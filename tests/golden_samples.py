@@ -60,3 +60,15 @@ def golden_v2_samples(n: int = GOLDEN_V2_COUNT) -> list[dict[str, Any]]:
             }
         )
     return out
+
+
+GOLDEN_V3 = "goldenformatv3"  # the fingerprint of tests/golden/format-v3
+GOLDEN_V3_COUNT = 40
+
+
+def golden_v3_samples(n: int = GOLDEN_V3_COUNT) -> list[dict[str, Any]]:
+    """The version 2 samples: version 3 changed the checksum (CRC-32C), no sample kind. Written
+    by the release whose FORMAT_VERSION was 3, with ``WriteOptions(block_bytes=1024,
+    block_min_rows=4, compression_level=1)`` through ``SnapshotWriter`` as fingerprint
+    ``goldenformatv3``, as versions 1 and 2 were."""
+    return golden_v2_samples(n)

@@ -1,5 +1,5 @@
-"""Snapshots written by earlier releases still read: each directory under tests/golden/ holds one,
-written by the release its name gives, from the samples in tests/golden_samples.py.
+"""Snapshots written by earlier releases still read: each format-v* directory under tests/golden/
+holds one, written by the release its name gives, from the samples in tests/golden_samples.py.
 
 The directories are copied before reading: a reader writes its pins and last-read markers
 into the root, and the checkout must not change.
@@ -21,8 +21,11 @@ from golden_samples import (
     GOLDEN_V1_COUNT,
     GOLDEN_V2,
     GOLDEN_V2_COUNT,
+    GOLDEN_V3,
+    GOLDEN_V3_COUNT,
     golden_v1_samples,
     golden_v2_samples,
+    golden_v3_samples,
 )
 
 import snapstore
@@ -34,6 +37,7 @@ GOLDEN = Path(__file__).with_name("golden")
 GOLDENS: list[tuple[str, str, int, Callable[[], list[dict[str, Any]]], int]] = [
     ("format-v1", GOLDEN_V1, GOLDEN_V1_COUNT, golden_v1_samples, 1),
     ("format-v2", GOLDEN_V2, GOLDEN_V2_COUNT, golden_v2_samples, 2),
+    ("format-v3", GOLDEN_V3, GOLDEN_V3_COUNT, golden_v3_samples, 3),
 ]
 IDS = [golden[0] for golden in GOLDENS]
 
