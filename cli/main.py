@@ -25,7 +25,7 @@ from snapstore.manage.catalog import (
     remove_snapshot,
     resolve_fingerprint,
 )
-from snapstore.manage.gc import Policy, collect_garbage, select_snapshots
+from snapstore.manage.gc import Policy, collect_garbage, last_used, select_snapshots
 from snapstore.manage.verify import verify_snapshot
 
 from .common import (
@@ -105,6 +105,7 @@ def main(
 SORT_KEYS = {
     "created": lambda i: i.get("created_at") or "",
     "read": lambda i: i.get("last_read") or "",
+    "last-used": last_used,  # the later of the last read and the creation: gc's order
     "size": lambda i: i["bytes"],
     "stage": lambda i: i.get("stage") or "",
     "samples": lambda i: i.get("samples") or 0,
@@ -118,7 +119,13 @@ SORT_KEYS = {
 )
 @click.option("--larger-than", default=None, help="Only snapshots larger than this (500MB, 2GiB).")
 @click.option(
-    "--sort", "sort_by", type=click.Choice(sorted(SORT_KEYS)), default="created", show_default=True
+    "--sort",
+    "sort_by",
+    type=click.Choice(sorted(SORT_KEYS)),
+    default="created",
+    show_default=True,
+    help="Order by creation, last use (the later of the last read and the creation: the order "
+    "gc --keep-last keeps by), last read, size, stage or samples.",
 )
 @click.option("--reverse", is_flag=True, help="Reverse the order.")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")
@@ -308,7 +315,7 @@ def rm_command(obj: Context, fingerprints: tuple[str, ...], dry_run: bool, force
     "--keep-last",
     type=click.IntRange(min=0),
     default=None,
-    help="Keep only the N most recent snapshots of each stage.",
+    help="Keep only the N most recently used (read, or created if later) snapshots of each stage.",
 )
 @click.option(
     "--max-size",

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import datetime as dt
 import json
+import time
 from pathlib import Path
 
 import pytest
@@ -10,7 +12,7 @@ from click.testing import CliRunner
 
 import snapstore
 from snapstore.cli.main import main
-from snapstore.manage.gc import Policy, select_snapshots
+from snapstore.manage.gc import Policy, last_used, select_snapshots
 from snapstore.storage.store import LocalStore, Store
 
 DAY = 86400.0
@@ -53,9 +55,26 @@ def test_older_than_counts_reads_and_never_takes_an_open_snapshot() -> None:
     assert chosen(Policy(older_than=0)) == ["b", "c", "e", "a"]
 
 
-def test_keep_last_per_stage() -> None:
-    assert chosen(Policy(keep_last=1)) == ["b", "a"]  # tok keeps c; img keeps e (d is open)
+def test_keep_last_per_stage_keeps_the_most_recently_used() -> None:
+    # tok keeps a: the oldest, but read yesterday (a rollback), before the newer c and b that
+    # nobody reads any more; img keeps e (d is open).
+    assert chosen(Policy(keep_last=1)) == ["b", "c"]
+    assert chosen(Policy(keep_last=2)) == ["b"]
     assert chosen(Policy(keep_last=0)) == ["b", "c", "e", "a"]
+    reasons = dict((i["fingerprint"][0], r) for i, r in select_snapshots(INFOS, Policy(
+        keep_last=1), now=NOW))  # fmt: skip
+    assert reasons["c"] == "not among the 1 most recently used of stage prep.tok"
+
+
+def test_last_used_is_the_later_of_the_last_read_and_the_creation() -> None:
+    a, b = INFOS[:2]
+    assert last_used(a) == NOW - 1 * DAY  # read after it was created
+    assert last_used(b) == NOW - 20 * DAY  # never read: created
+    assert last_used({"fingerprint": "x"}) == 0.0
+    # Reads in the same hour: the more recently created is kept.
+    twins = [info("f" * 32, "s", 3, 1, 1), info("g" * 32, "s", 2, 1, 1)]
+    assert [i["fingerprint"][0] for i, _ in select_snapshots(twins, Policy(keep_last=1),
+                                                            now=NOW)] == ["f"]  # fmt: skip
 
 
 def test_max_size_removes_least_recently_used_until_it_fits() -> None:
@@ -161,6 +180,32 @@ def test_ls_filters_and_sorts(store: Store) -> None:
     assert code == 2 and "expected a size such as 500MB" in out
     code, out = cli(store, "gc", "--older-than", "soon")
     assert code == 2 and "expected a duration such as 7d" in out
+
+
+def test_gc_keep_last_and_ls_sort_by_last_use_after_a_rollback(tmp_path: Path) -> None:
+    """v1, then v2 of a stage; then the job goes back to v1 (a read in a later hour): gc keeps
+    v1, which is read, and removes v2, the newer one nobody reads; `ls --sort last-used` lists
+    them in that order."""
+    store = LocalStore(tmp_path)
+    v1, v2 = (
+        snapstore.snapshot(stage, root=store, version=v)(10).materialize().fingerprint
+        for v in ("1", "2")
+    )
+    code, out = cli(store, "ls", "--sort", "last-used", "--json")
+    assert [s["fingerprint"] for s in json.loads(out)["snapshots"]] == [v1, v2]
+    # A reader opening v1 records the hour; the next hour stands for a read after v2 was made
+    # (reads are recorded to the hour, and v2 was created in this one).
+    hour = dt.datetime.fromtimestamp(time.time() + 3600, dt.UTC).strftime("%Y%m%dT%H")
+    store.write_bytes(f"{v1}/pins/read-{hour}", b"")
+    code, out = cli(store, "ls", "--sort", "last-used", "--json")
+    assert [s["fingerprint"] for s in json.loads(out)["snapshots"]] == [v2, v1]
+    code, out = cli(store, "gc", "--keep-last", "1", "--json")
+    assert code == 0, out
+    removed = json.loads(out)["snapshots"]
+    assert [s["fingerprint"] for s in removed] == [v2] and removed[0]["removed"]
+    assert removed[0]["reason"] == "not among the 1 most recently used of stage test_cli_gc.stage"
+    code, out = cli(store, "ls", "--json")
+    assert [s["fingerprint"] for s in json.loads(out)["snapshots"]] == [v1]
 
 
 def test_ls_gc_on_the_gcs_emulator(gcs_root: tuple[str, dict]) -> None:

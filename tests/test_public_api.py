@@ -263,7 +263,14 @@ MODULE_ALL = {
         "resolve_fingerprint",
         "stored_fingerprint",
     ],
-    "manage.gc": ["Garbage", "Policy", "collect_garbage", "find_garbage", "select_snapshots"],
+    "manage.gc": [
+        "Garbage",
+        "Policy",
+        "collect_garbage",
+        "find_garbage",
+        "last_used",
+        "select_snapshots",
+    ],
     "manage.verify": [
         "ProgressCallback",
         "VerifyReport",

@@ -44,7 +44,14 @@ from ..storage.pins import PIN_NAME, PINS_DIR, list_pins, live_pins
 from ..storage.store import Store, StoreLike, as_store
 from ..write.partitions import PARTS_DIR, partition_dir
 
-__all__ = ["Garbage", "Policy", "collect_garbage", "find_garbage", "select_snapshots"]
+__all__ = [
+    "Garbage",
+    "Policy",
+    "collect_garbage",
+    "find_garbage",
+    "last_used",
+    "select_snapshots",
+]
 
 
 @dataclass(frozen=True)
@@ -274,7 +281,9 @@ class Policy:
     older_than : float, optional
         Remove snapshots not used (read, or created if never read) for this many seconds.
     keep_last : int, optional
-        Keep only the ``keep_last`` most recently created snapshots of each stage.
+        Keep only the ``keep_last`` most recently used snapshots of each stage (see
+        :func:`last_used`): a snapshot that jobs read again (a rollback) is kept before newer
+        ones that nobody reads.
     max_size : int, optional
         Then remove least recently used snapshots until committed snapshots total at most this
         many bytes.
@@ -300,6 +309,19 @@ def _stamp(text: str | None) -> float:
         return 0.0
 
 
+def last_used(info: dict[str, Any]) -> float:
+    """When a snapshot was last used, in seconds since the epoch: the later of its last read
+    and its creation (0.0 when neither is known), from a
+    :func:`snapstore.manage.catalog.describe` summary.
+
+    Reads are recorded to the hour (``last_read``), so a read counts from the start of its
+    hour: of a snapshot read, and another created, within the same hour, the one created after
+    the hour began counts as used later. ``gc`` removes by this order and ``ls --sort
+    last-used`` lists by it.
+    """
+    return max(_stamp(info.get("last_read")), _stamp(info.get("created_at")))
+
+
 def select_snapshots(
     infos: list[dict[str, Any]], policy: Policy, *, now: float | None = None
 ) -> list[tuple[dict[str, Any], str]]:
@@ -310,9 +332,7 @@ def select_snapshots(
     """
     now = time.time() if now is None else now
     committed = [i for i in infos if i.get("state") == "committed" and not i.get("readers")]
-
-    def used(info: dict[str, Any]) -> float:
-        return max(_stamp(info.get("last_read")), _stamp(info.get("created_at")))
+    used = last_used
 
     chosen: dict[str, str] = {}
     if policy.older_than is not None:
@@ -325,9 +345,10 @@ def select_snapshots(
         for info in committed:
             by_stage.setdefault(str(info.get("stage")), []).append(info)
         for stage, group in by_stage.items():
-            group.sort(key=lambda i: _stamp(i.get("created_at")), reverse=True)
+            # Ties (reads in the same hour) go to the more recently created.
+            group.sort(key=lambda i: (used(i), _stamp(i.get("created_at"))), reverse=True)
             for info in group[policy.keep_last :]:
-                why = f"older than the {policy.keep_last} most recent of stage {stage}"
+                why = f"not among the {policy.keep_last} most recently used of stage {stage}"
                 chosen.setdefault(info["fingerprint"], why)
     if policy.max_size is not None:
         kept = sorted(
