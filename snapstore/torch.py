@@ -17,9 +17,12 @@ fingerprint) and open the snapshot lazily in the process that reads, so they wor
 
 from __future__ import annotations
 
+import hashlib
+import logging
 import operator
 import os
-from collections.abc import Iterator, Mapping
+import warnings
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 import numpy as np
@@ -38,6 +41,8 @@ from .handle import SnapshotHandle
 from .read.batches import BatchReader
 from .read.options import ReaderOptions, reader_options
 from .snapshot import Snapshot
+from .torch_accelerate import AccelerateSplit, accelerate_split
+from .torch_passes import PassCounter, pass_token
 from .torch_ragged import (
     RaggedList,
     TorchRaggedForm,
@@ -53,6 +58,18 @@ from .write.engines import usable_cores
 __all__ = ["RaggedList", "SnapshotDataset", "SnapshotIterableDataset", "to_tensors"]
 
 STATE_VERSION = 1
+
+log = logging.getLogger(__name__)
+
+# torchdata 0.11 (the newest) calls torch.set_vital, a deprecated no-op, in every
+# StatefulDataLoader it makes, and torch warns each time. Only that warning, attributed to
+# torchdata's module, is silenced.
+warnings.filterwarnings(
+    "ignore",
+    message="'set_vital' is deprecated",
+    category=UserWarning,
+    module=r"torchdata\.stateful_dataloader",
+)
 
 
 def _tensor(value: np.ndarray[Any, Any]) -> torch.Tensor:
@@ -118,23 +135,110 @@ def _list_value(value: list[Any]) -> Any:
     return [None if a is None else _tensor(a) for a in value]
 
 
-def _place(rank: int | None, world_size: int | None) -> tuple[int, int]:
-    """This process's (rank, world_size): torch.distributed's, else the arguments, else (0, 1)."""
+def _explicit_place(rank: int | None, world_size: int | None) -> tuple[int, int] | None:
+    """``(rank, world_size)`` as the user gave them, checked; None when left out."""
     if (rank is None) != (world_size is None):
         raise ValueError(
             f"pass both rank and world_size or neither, found rank={rank}, world_size={world_size}"
         )
+    if rank is None or world_size is None:
+        return None
+    rank, world_size = operator.index(rank), operator.index(world_size)
+    if not 0 <= rank < world_size:
+        raise ValueError(f"expected 0 <= rank < world_size, found rank={rank} of {world_size}")
+    return rank, world_size
+
+
+def _distributed() -> tuple[int, int] | None:
+    """torch.distributed's (rank, world_size) in this process, if its group is initialized."""
     if dist.is_available() and dist.is_initialized():
-        found = (dist.get_rank(), dist.get_world_size())
-        if rank is not None and (rank, world_size) != found:
+        return dist.get_rank(), dist.get_world_size()
+    return None
+
+
+def _place(
+    explicit: tuple[int, int] | None,
+    *,
+    inherited: tuple[int, int] | None = None,
+    quiet: bool = False,
+) -> tuple[int, int]:
+    """This process's (rank, world_size) now: torch.distributed's when it is initialized (and
+    then ``explicit`` must agree), else ``explicit``, else what the process that sent the
+    dataset here read from its torch.distributed (``inherited``: a worker started by ``spawn``
+    has no process group of its own), else (0, 1)."""
+    found = _distributed() or inherited
+    if found is not None:
+        if explicit is not None and explicit != found:
             raise ValueError(
-                f"rank={rank}, world_size={world_size} disagree with torch.distributed "
+                f"rank={explicit[0]}, world_size={explicit[1]} disagree with torch.distributed "
                 f"(rank {found[0]} of {found[1]}); leave them out to use torch.distributed's"
             )
         return found
-    if rank is None or world_size is None:
-        return 0, 1
-    return operator.index(rank), operator.index(world_size)
+    if explicit is not None:
+        return explicit
+    if not quiet:
+        _warn_undistributed()
+    return 0, 1
+
+
+_warned_env = False
+
+
+def _warn_undistributed() -> None:
+    """Warn, once, when a launcher says there are several ranks but torch.distributed is not
+    initialized: every process would read the whole epoch."""
+    global _warned_env
+    size = os.environ.get("WORLD_SIZE", "1")
+    if _warned_env or not size.isdigit() or int(size) <= 1:
+        return
+    _warned_env = True
+    log.warning(
+        "WORLD_SIZE=%s in the environment, but torch.distributed is not initialized when the "
+        "pass starts: this process reads the whole epoch as rank 0 of 1. Initialize the process "
+        "group before iterating (Lightning, Accelerate and torchrun scripts that call "
+        "init_process_group do), or pass rank= and world_size=",
+        size,
+    )
+
+
+def _transform_seed(*parts: int) -> int:
+    """A 63-bit seed from the integers that identify one batch of one consumer."""
+    digest = hashlib.blake2b(repr(parts).encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "little") >> 1
+
+
+def _unbatch(batch: dict[str, Any], size: int) -> list[dict[str, Any]]:
+    """A batch of tensors as ``size`` samples (views, no copies)."""
+    return [
+        {name: value[i] if _indexable(value, size) else value for name, value in batch.items()}
+        for i in range(size)
+    ]
+
+
+def _indexable(value: Any, size: int) -> bool:
+    return isinstance(value, (torch.Tensor, list)) and len(value) == size
+
+
+def _restack(samples: list[dict[str, Any]]) -> dict[str, Any]:
+    """Samples back as one batch: tensors of one shape stacked, others as a list (tensors of
+    varying shapes as a :class:`RaggedList`)."""
+    out: dict[str, Any] = {}
+    for name in samples[0]:
+        column = [sample[name] for sample in samples]
+        first = column[0]
+        if isinstance(first, torch.Tensor) and all(
+            isinstance(t, torch.Tensor) and t.shape == first.shape and t.dtype == first.dtype
+            for t in column
+        ):
+            out[name] = torch.stack(column)
+        elif all(isinstance(t, torch.Tensor) for t in column):
+            out[name] = RaggedList.from_tensors(column)
+        else:
+            out[name] = column
+    return out
+
+
+Transform = Callable[[dict[str, Any]], dict[str, Any]]
 
 
 class SnapshotIterableDataset(IterableDataset[dict[str, Any]]):
@@ -155,12 +259,15 @@ class SnapshotIterableDataset(IterableDataset[dict[str, Any]]):
     root : str, PathLike or Store, optional
         Where to find a fingerprint; as for :func:`snapstore.open`.
     batch_size : int
-        Samples per batch.
+        Samples per batch (with ``per_sample=True``: samples read at a time).
     options : ReaderOptions, optional
         How to read (:class:`snapstore.ReaderOptions`); ``shuffle`` defaults to True here.
     rank, world_size : int, optional
-        This process's place among the ranks. By default ``torch.distributed``'s when it is
-        initialized, otherwise 0 of 1.
+        This process's place among the ranks. By default it is read when each pass starts, in
+        the process that reads: ``torch.distributed``'s rank and world size if the process
+        group is initialized by then, otherwise 0 of 1. So a dataset made before the process
+        group exists (a DataLoader built before ``trainer.fit``) reads its rank's share. Given,
+        they must agree with ``torch.distributed``'s when it is initialized.
     ragged : {"list", "nested", "packed", "pad"}
         The form of varying-shape array fields. ``"list"`` (default): a :class:`RaggedList`,
         a list of tensors viewing one buffer. ``"nested"``: a ``torch.nested`` tensor, jagged
@@ -170,6 +277,22 @@ class SnapshotIterableDataset(IterableDataset[dict[str, Any]]):
         ``"pad"``: zero-padded, with ``<name>_lengths``. Every form crosses from DataLoader
         workers as one buffer per field, not one per sample. Default: ``options.ragged``
         (``"list"`` unless set).
+    transform : callable, optional
+        ``transform(batch) -> batch``, run on each batch (a dict of tensors) in the process
+        that reads it (the DataLoader worker), after the batch is assembled and before it is
+        sent. Random augmentations drawn from torch's generator (``torch.rand``, torchvision
+        transforms) are reproducible: the generator is seeded for each batch from (``seed``,
+        epoch, rank, worker, the batch's place in the pass), so a resumed pass draws what the
+        interrupted one would have, and torch's generator is restored afterwards.
+    sample_transform : callable, optional
+        ``sample_transform(sample) -> sample``, run on each sample of a batch (a dict of
+        tensors, views into the batch), seeded as ``transform`` is, before ``transform``; the
+        samples are stacked back into a batch (tensors of varying shapes as a
+        :class:`RaggedList`).
+    per_sample : bool
+        Yield samples one at a time instead of batches, for a DataLoader that makes batches
+        itself (``DataLoader(ds, batch_size=16)``, as Hugging Face Trainer builds it). Reading
+        is still done ``batch_size`` samples at a time.
     **settings
         Any field of :class:`snapstore.ReaderOptions` as a keyword (``shuffle``, ``seed``,
         ``drop_last``, ``window_bytes``, ``prefetch_bytes``, ``decode_threads``...),
@@ -180,18 +303,26 @@ class SnapshotIterableDataset(IterableDataset[dict[str, Any]]):
 
     Notes
     -----
-    **Epochs.** Call :meth:`set_epoch` before each epoch. Workers started anew for each epoch
-    (the default) receive the new epoch with their copy of the dataset. Persistent workers
-    (``persistent_workers=True``) keep the copy they started with and cannot see
-    :meth:`set_epoch`; each of them moves to the next epoch at every pass after its first,
-    which matches calling ``set_epoch(first + i)`` before pass ``i``.
+    **Epochs.** Each pass of a DataLoader over the dataset reads the next epoch: 0, 1, 2...
+    :meth:`set_epoch` chooses the epoch of the next pass (and the count goes on from there).
+    The rule is the same with ``num_workers=0``, with workers started for each pass and with
+    ``persistent_workers=True``: the count lives in a few bytes of shared memory that the
+    workers share with the dataset. Frameworks that call ``set_epoch`` (HF Trainer and
+    Accelerate) and those that do not (Lightning: see :mod:`snapstore.lightning`) both get
+    a new order each epoch.
+
+    **Hugging Face Accelerate.** A loader prepared by ``accelerator.prepare`` is split once:
+    with batches dispatched from process 0 (Accelerate's default for iterable datasets) the
+    dataset reads the whole epoch on process 0 and nothing on the others; with
+    ``dispatch_batches=False`` each process reads its own share and Accelerate's wrapper passes
+    it through (see :mod:`snapstore.torch_accelerate`).
 
     **Resuming.** :meth:`state_dict` and :meth:`load_state_dict` follow the protocol of
     ``torchdata.stateful_dataloader.StatefulDataLoader``, which calls them inside each worker:
     a worker's state is its reader's position (:meth:`snapstore.BatchReader.get_state`, a dict
     of integers holding the epoch). A loader restored from ``StatefulDataLoader.state_dict()``
     with the same dataset settings, ranks and workers yields exactly the batches the
-    interrupted run had left, in the same order.
+    interrupted run had left, in the same order, with the same random transforms.
 
     Examples
     --------
@@ -211,37 +342,76 @@ class SnapshotIterableDataset(IterableDataset[dict[str, Any]]):
         rank: int | None = None,
         world_size: int | None = None,
         ragged: TorchRaggedForm | None = None,
+        transform: Transform | None = None,
+        sample_transform: Transform | None = None,
+        per_sample: bool = False,
         **settings: Any,
     ) -> None:
         read = reader_options(options, settings)
+        for name, fn in (("transform", transform), ("sample_transform", sample_transform)):
+            if fn is not None and not callable(fn):
+                raise TypeError(f"{name}: expected a callable, found {type(fn).__name__}")
         self._location = SnapshotHandle.of(snapshot_or_fingerprint, root, "DataLoader workers")
-        self.rank, self.world_size = _place(rank, world_size)
-        self.epoch = 0
+        self._explicit = _explicit_place(rank, world_size)
+        self._inherited: tuple[int, int] | None = None
+        if self._explicit is not None:
+            _place(self._explicit)  # a disagreement with torch.distributed fails here already
         form: Any = read.ragged if ragged is None else ragged  # the reader's forms are torch's
         self.ragged: TorchRaggedForm = form
         shuffle = True if read.shuffle is None else read.shuffle
         self._options = read.replace(shuffle=shuffle, ragged=reader_form(form))
         self._batch_size = batch_size
+        self.transform, self.sample_transform = transform, sample_transform
+        self.per_sample = bool(per_sample)
+        self._passes = PassCounter()
+        self._split: AccelerateSplit | None = None
+        self._passes_here = 0  # passes started by this copy, in this process
         self._reader: BatchReader | None = None
         self._reader_pid = os.getpid()
         self._pending: dict[str, int] | None = None
         # Fail here, not in a worker, on a bad argument.
-        self._make_reader(0, 0, 1).close()
+        self._make_reader(0, 0, 1, 0, 1).close()
 
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
         state["_reader"] = None  # its threads and caches stay in this process
+        state["_passes_here"] = 0
+        # Sent to a DataLoader worker as the pass starts: a spawned worker has no process
+        # group, so it takes the rank its parent has now.
+        state["_inherited"] = _distributed() or self._inherited
         return state
 
+    @property
+    def rank(self) -> int:
+        """This process's rank, as a pass starting now would read it."""
+        return _place(self._explicit, inherited=self._inherited, quiet=True)[0]
+
+    @property
+    def world_size(self) -> int:
+        """The number of ranks, as a pass starting now would read it."""
+        return _place(self._explicit, inherited=self._inherited, quiet=True)[1]
+
+    @property
+    def epoch(self) -> int:
+        """The epoch the next pass will read (of this process's rank)."""
+        return self._passes.next_epoch(self.rank)
+
     def set_epoch(self, epoch: int) -> None:
-        """Read epoch ``epoch`` from the next pass on (see Notes on persistent workers)."""
+        """Read epoch ``epoch`` at the next pass; later passes go on from it (see Notes).
+
+        Workers see it whether they are started for each pass or persistent.
+        """
         epoch = operator.index(epoch)
         if epoch < 0:
             raise ValueError(f"set_epoch: expected an epoch >= 0, found {epoch}")
-        self.epoch = epoch
+        self._passes.request(epoch)
         self._pending = None
+        # Accelerate calls set_epoch as its prepared loader's pass starts, before the workers.
+        self._split = accelerate_split(self)
 
-    def _make_reader(self, epoch: int, worker: int, num_workers: int) -> BatchReader:
+    def _make_reader(
+        self, epoch: int, rank: int, world_size: int, worker: int, num_workers: int
+    ) -> BatchReader:
         snap = self._location.open()
         options = self._options
         if get_worker_info() is not None and options.decode_threads is None:
@@ -252,11 +422,19 @@ class SnapshotIterableDataset(IterableDataset[dict[str, Any]]):
             self._batch_size,
             options,
             epoch=epoch,
-            rank=self.rank,
-            world_size=self.world_size,
+            rank=rank,
+            world_size=world_size,
             worker=worker,
             num_workers=num_workers,
         )
+
+    def _pass_token(self) -> int:
+        """Equal in every worker of one pass, different from the previous pass's."""
+        info = get_worker_info()
+        self._passes_here += 1
+        if info is None:
+            return pass_token(os.getpid(), id(self), self._passes_here)
+        return pass_token(info.seed - info.id, os.getppid(), self._passes_here)
 
     def __iter__(self) -> Iterator[dict[str, Any]]:
         info = get_worker_info()
@@ -265,23 +443,28 @@ class SnapshotIterableDataset(IterableDataset[dict[str, Any]]):
         if self._reader_pid != os.getpid():
             # Forked from a process that had read: that reader (its threads, its epoch) is the
             # parent's, neither this worker's previous pass nor ours to close.
-            previous, self._reader_pid = None, os.getpid()
-        epoch = self.epoch
-        if self._pending is not None:
-            epoch = self._pending["epoch"]
-        elif previous is not None and info is not None:
-            epoch = previous.epoch + 1  # a persistent worker's next pass (see Notes)
+            previous, self._reader_pid, self._passes_here = None, os.getpid(), 0
         if previous is not None:
             previous.close()
-        reader = self._make_reader(epoch, worker, num_workers)
-        if self._pending is not None:
-            pending, self._pending = self._pending, None
-            if "position" in pending:
-                reader.set_state(pending)
+        rank, world_size = _place(self._explicit, inherited=self._inherited)
+        split = self._split if self._explicit is None else None
+        if info is None and split is None and self._explicit is None:
+            split = accelerate_split(self)  # num_workers=0: the loader is iterating us now
+        pending, self._pending = self._pending, None
+        epoch = self._passes.start(
+            self._pass_token(), rank, None if pending is None else pending["epoch"]
+        )
+        if split == "dispatch":
+            if rank != 0:  # Accelerate sends these ranks their slices from process 0
+                return iter(())
+            rank, world_size = 0, 1
+        reader = self._make_reader(epoch, rank, world_size, worker, num_workers)
+        if pending is not None and "position" in pending:
+            reader.set_state(pending)
         self._reader = reader
-        return self._batches(reader)
+        return self._batches(reader, (rank, worker))
 
-    def _batches(self, reader: BatchReader) -> Iterator[dict[str, Any]]:
+    def _batches(self, reader: BatchReader, consumer: tuple[int, int]) -> Iterator[dict[str, Any]]:
         schema, form = reader.reader.schema, self.ragged
         in_worker = get_worker_info() is not None
         if in_worker:
@@ -289,9 +472,33 @@ class SnapshotIterableDataset(IterableDataset[dict[str, Any]]):
             # fetches one file descriptor, not one per tensor, and nothing is copied again on
             # the way (share_batch then finds nothing to do).
             reader.allocate = allocate_shared
+        transformed = self.transform is not None or self.sample_transform is not None
         for batch in reader:
             tensors = from_packed(to_tensors(batch), schema, form)
-            yield share_batch(tensors) if in_worker else tensors
+            if transformed:
+                place = reader.get_state()
+                index = (place["position"] - 1) // self._batch_size
+                tensors = self._transform(tensors, (place["epoch"], *consumer, index))
+            if self.per_sample:
+                yield from _unbatch(tensors, _batch_length(tensors, 0))
+            else:
+                yield share_batch(tensors) if in_worker else tensors
+
+    def _transform(self, batch: dict[str, Any], where: tuple[int, ...]) -> dict[str, Any]:
+        """The transforms on one batch, with torch's generator seeded for it, then restored."""
+        seed = self._options.seed
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(_transform_seed(seed, *where))
+            if self.sample_transform is not None:
+                size = _batch_length(batch, 0)
+                batch = _restack([self.sample_transform(s) for s in _unbatch(batch, size)])
+            if self.transform is not None:
+                batch = self.transform(batch)
+        if not isinstance(batch, dict):
+            raise TypeError(
+                f"transform: expected it to return a dict, found {type(batch).__name__}"
+            )
+        return batch
 
     def state_dict(self) -> dict[str, int]:
         """This worker's position: its reader's ``get_state()``, or the epoch before a pass.
@@ -306,7 +513,7 @@ class SnapshotIterableDataset(IterableDataset[dict[str, Any]]):
         if self._reader is not None:
             return {"dataset_version": STATE_VERSION, **self._reader.get_state()}
         if self._pending is not None:
-            return dict(self._pending)
+            return {"dataset_version": STATE_VERSION, **self._pending}
         return {"dataset_version": STATE_VERSION, "epoch": self.epoch}
 
     def load_state_dict(self, state: Mapping[str, int]) -> None:
@@ -328,6 +535,14 @@ class SnapshotIterableDataset(IterableDataset[dict[str, Any]]):
         if not isinstance(epoch, int) or epoch < 0:
             raise ResumeError(f"resume state epoch must be an int >= 0, found {epoch!r}")
         self._pending = {k: v for k, v in state.items() if k != "dataset_version"}
+
+
+def _batch_length(batch: Mapping[str, Any], default: int) -> int:
+    """The number of samples in a batch of tensors (its first tensor's or list's length)."""
+    for value in batch.values():
+        if isinstance(value, (torch.Tensor, list)):
+            return len(value)
+    return default
 
 
 class SnapshotDataset(Dataset[dict[str, Any]]):

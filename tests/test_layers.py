@@ -43,7 +43,15 @@ LAYERS: dict[str, tuple[str, ...]] = {
     "write": ("write/",),
     "manage": ("manage/",),
     "api": ("snapshot", "handle", "__init__"),
-    "integrations": ("torch_ragged", "torch", "grain", "tensorflow", "ray"),
+    "integrations": (
+        "torch_ragged",
+        "torch_passes",
+        "torch_accelerate",
+        "torch",
+        "grain",
+        "tensorflow",
+        "ray",
+    ),
     "cli": ("cli/",),
 }
 LAYER_NAMES = list(LAYERS)

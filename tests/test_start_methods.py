@@ -71,6 +71,7 @@ def test_iterable_dataset_under_every_start_method(
         for w in range(2)
     ]
     expected = [b for pair in zip(*shares) for b in pair]
+    ds.set_epoch(1)  # the next pass would read epoch 2
     loader = DataLoader(ds, batch_size=None, num_workers=2, multiprocessing_context=method)
     assert batches(loader) == expected
     assert sorted(i for b in expected for i in b) == list(range(40))

@@ -94,10 +94,57 @@ def test_set_epoch_changes_order(snap: snapstore.Snapshot) -> None:
     ds = SnapshotIterableDataset(snap, batch_size=4)
     loader = DataLoader(ds, batch_size=None, num_workers=2)
     first = ids(loader)
+    ds.set_epoch(0)
     assert ids(loader) == first  # the same epoch again
     ds.set_epoch(1)
     second = ids(loader)
     assert second != first and sorted(flat(second)) == sorted(flat(first))
+
+
+def epoch_orders(snap: snapstore.Snapshot, passes: int, **loader: Any) -> list[list[list[int]]]:
+    """The batches of ``passes`` passes of one loader, with no set_epoch call."""
+    ds = SnapshotIterableDataset(snap, batch_size=4)
+    dl = DataLoader(ds, batch_size=None, **loader)
+    return [ids(dl) for _ in range(passes)]
+
+
+@pytest.mark.parametrize(
+    "loader",
+    [
+        {"num_workers": 0},
+        {"num_workers": 2},
+        {"num_workers": 2, "persistent_workers": True},
+        {"num_workers": 2, "multiprocessing_context": "spawn"},
+    ],
+    ids=["no-workers", "workers", "persistent", "spawn"],
+)
+def test_each_pass_is_the_next_epoch(snap: snapstore.Snapshot, loader: dict[str, Any]) -> None:
+    passes = epoch_orders(snap, 3, **loader)
+    # Every worker mode reads epochs 0, 1, 2: the orders are those of set_epoch(e) before
+    # each pass with no workers.
+    ds = SnapshotIterableDataset(snap, batch_size=4)
+    expected = []
+    for epoch in range(3):
+        ds.set_epoch(epoch)
+        expected.append(sorted(map(tuple, ids(DataLoader(ds, batch_size=None, **loader)))))
+    assert [sorted(map(tuple, p)) for p in passes] == expected
+    assert passes[0] != passes[1] != passes[2]
+    assert all(sorted(flat(p)) == sorted(flat(passes[0])) for p in passes)
+
+
+def test_set_epoch_reaches_persistent_workers(snap: snapstore.Snapshot) -> None:
+    def epochs(**loader: Any) -> list[list[list[int]]]:
+        ds = SnapshotIterableDataset(snap, batch_size=4)
+        dl = DataLoader(ds, batch_size=None, num_workers=2, **loader)
+        out = []
+        for epoch in (3, 3, 0):
+            ds.set_epoch(epoch)
+            out.append(ids(dl))
+        return out
+
+    persistent = epochs(persistent_workers=True)
+    assert persistent == epochs()
+    assert persistent[0] == persistent[1] != persistent[2]
 
 
 def test_persistent_workers_follow_epochs(snap: snapstore.Snapshot) -> None:
@@ -118,7 +165,9 @@ def test_persistent_workers_follow_epochs(snap: snapstore.Snapshot) -> None:
 def test_spawn(snap: snapstore.Snapshot) -> None:
     ds = SnapshotIterableDataset(snap, batch_size=4)
     spawned = DataLoader(ds, batch_size=None, num_workers=2, multiprocessing_context="spawn")
-    assert ids(spawned) == ids(DataLoader(ds, batch_size=None, num_workers=2))
+    first = ids(spawned)
+    ds.set_epoch(0)
+    assert first == ids(DataLoader(ds, batch_size=None, num_workers=2))
 
 
 class DecodeThreads(SnapshotIterableDataset):
@@ -155,6 +204,8 @@ def test_pickles_without_reader(snap: snapstore.Snapshot) -> None:
     next(batches)
     copy = pickle.loads(pickle.dumps(ds))
     assert copy._reader is None and copy._location._opened is None
+    assert copy.epoch == 1  # the pass started before pickling counts
+    copy.set_epoch(0)
     assert ids(copy) == ids(SnapshotIterableDataset(snap.fingerprint, snap.store, batch_size=4))
 
 
