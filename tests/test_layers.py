@@ -48,6 +48,7 @@ LAYERS: dict[str, tuple[str, ...]] = {
         "torch_passes",
         "torch_accelerate",
         "torch",
+        "lightning",
         "grain",
         "tensorflow",
         "ray",
