@@ -71,11 +71,13 @@ __all__ = [
     "FINGERPRINT_SCHEME",
     "Fingerprint",
     "Hasher",
+    "combine_parts",
     "diff_parts",
     "fingerprint_key",
     "fingerprint_stage",
     "hash_code",
     "hash_value",
+    "upstream_digest",
 ]
 
 FINGERPRINT_SCHEME = 3
@@ -137,9 +139,10 @@ class Fingerprint:
                 f"expected a fingerprint record with 'digest', 'parts' and 'details'; found "
                 f"keys {sorted(data)}. The manifest is corrupt or not written by snapstore."
             )
-        if details.get("scheme") == FINGERPRINT_SCHEME and _combine(parts) != digest:
+        combined = combine_parts(parts)
+        if details.get("scheme") == FINGERPRINT_SCHEME and combined != digest:
             raise FormatError(
-                f"fingerprint {digest} does not match its parts (they give {_combine(parts)}); "
+                f"fingerprint {digest} does not match its parts (they give {combined}); "
                 "the record is corrupt. Remove the snapshot and write it again."
             )
         return cls(digest, dict(parts), dict(details))
@@ -377,8 +380,7 @@ def _declared(value: Any, part: str) -> tuple[str, Any] | None:
         return None
     result, h = hook(), hashlib.sha256()
     if part == "upstream" and isinstance(result, str):
-        feed_item(h, b"upstream", result.encode())
-        return h.hexdigest(), result
+        return upstream_digest(result), result
     if part == "upstream" or not (
         isinstance(result, dict)
         and all(isinstance(k, str) and isinstance(v, str) for k, v in result.items())
@@ -554,13 +556,22 @@ _REPR = reprlib.Repr()
 _REPR.maxstring = _REPR.maxother = _REPR_CHARS
 
 
-def _combine(parts: dict[str, str]) -> str:
+def combine_parts(parts: dict[str, str]) -> str:
+    """The digest of a fingerprint with these parts (docs/format.md, section 13)."""
     h = hashlib.sha256()
     feed_item(h, b"snapstore-fingerprint")
     for name in sorted(parts):
         feed_item(h, b"part", name.encode())
         feed_item(h, b"digest", parts[name].encode())
     return h.hexdigest()[:_DIGEST_CHARS]
+
+
+def upstream_digest(fingerprint: str) -> str:
+    """What an upstream snapshot's fingerprint contributes, per argument, to the ``upstream``
+    part (a mapping of argument name to this, hashed by :func:`hash_value`)."""
+    h = hashlib.sha256()
+    feed_item(h, b"upstream", fingerprint.encode())
+    return h.hexdigest()
 
 
 def _bind_arguments(
@@ -669,7 +680,7 @@ def fingerprint_stage(
         "format_version": format_version,
         "scheme": FINGERPRINT_SCHEME,
     }
-    return Fingerprint(_combine(parts), parts, details)
+    return Fingerprint(combine_parts(parts), parts, details)
 
 
 def fingerprint_key(
@@ -735,7 +746,7 @@ def fingerprint_key(
         "format_version": format_version,
         "scheme": FINGERPRINT_SCHEME,
     }
-    return Fingerprint(_combine(parts), parts, details)
+    return Fingerprint(combine_parts(parts), parts, details)
 
 
 from .explain import diff_parts  # noqa: E402  (re-exported: its documented home)

@@ -49,6 +49,7 @@ class StageSettings(TypedDict, total=False):
     partition_size: int
     engine: str | Engine | Any | None
     workers: int | None
+    upgrade: bool
 
 
 @dataclass(frozen=True)
@@ -111,13 +112,22 @@ class StageOptions:
     workers : int, optional
         Partitions computed at once by the ``"process"`` or ``"thread"`` engine (default: the
         usable cores); for Ray and Dask, the partitions kept in flight.
+    upgrade : bool
+        What to do with a snapshot that a release with an earlier format version wrote for the
+        call (found when the call's own fingerprint is not committed, see
+        :mod:`snapstore.write.upgrade`): False (default) reads it as it is, computing nothing;
+        True first rewrites it in the current format under the call's current fingerprint
+        (its samples read and written again, not computed) and reads that. False by default
+        because every reader reads every earlier version: a rewrite costs a pass over the data
+        and the space of a second copy, for what the new format brings (faster checksums, for
+        version 3). Does not change the fingerprint.
 
     Raises
     ------
     TypeError
         If a setting has the wrong type (``root=123`` or bytes, ``ignore="name"``, a ``key``
         that is not callable, ``options`` that are not a WriteOptions, a ``partition_size``
-        that is not an int).
+        that is not an int, an ``upgrade`` that is not a bool).
     ValueError
         If ``root`` is an empty string, ``on_busy`` is not a known mode, ``lease`` is not a
         positive number of seconds, ``partition_size`` is below 1, or the engine is unknown.
@@ -149,6 +159,7 @@ class StageOptions:
     partition_size: int = 1
     engine: str | Engine | Any | None = None
     workers: int | None = None
+    upgrade: bool = False
 
     def __post_init__(self) -> None:
         check_root(self.root)
@@ -182,6 +193,8 @@ class StageOptions:
         if not isinstance(lease, (int, float)) or not lease > 0:
             raise ValueError(f"lease: expected a positive number of seconds, found {lease!r}")
         object.__setattr__(self, "lease", float(lease))
+        if not isinstance(self.upgrade, bool):
+            raise TypeError(f"upgrade: expected True or False, found {self.upgrade!r}")
         self._check_partitions()
 
     def _check_partitions(self) -> None:
