@@ -113,10 +113,13 @@ def cases(text: str) -> dict[str, list[str]]:
     return out
 
 
-def run_script(tmp_path: Path, on_pty: bool) -> tuple[str, str]:
-    """SCRIPT's stderr (on a pseudo-terminal, or a pipe) and stdout."""
+def run_script(
+    tmp_path: Path, on_pty: bool, source: str = SCRIPT, columns: int = 160
+) -> tuple[str, str]:
+    """SCRIPT's (or ``source``'s) stderr (on a pseudo-terminal ``columns`` wide, or a pipe)
+    and stdout."""
     script = tmp_path / "script.py"
-    script.write_text(textwrap.dedent(SCRIPT))
+    script.write_text(textwrap.dedent(source))
     args = [sys.executable, str(script), str(tmp_path / ("pty" if on_pty else "pipe"))]
     if not on_pty:
         done = subprocess.run(args, capture_output=True, text=True, timeout=120)
@@ -124,7 +127,7 @@ def run_script(tmp_path: Path, on_pty: bool) -> tuple[str, str]:
         return done.stderr, done.stdout
     leader, follower = pty.openpty()
     # A terminal of 40 rows and 160 columns (a new pseudo-terminal has 0 of each).
-    fcntl.ioctl(follower, termios.TIOCSWINSZ, struct.pack("HHHH", 40, 160, 0, 0))
+    fcntl.ioctl(follower, termios.TIOCSWINSZ, struct.pack("HHHH", 40, columns, 0, 0))
     with subprocess.Popen(
         args, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=follower
     ) as proc:
@@ -160,6 +163,119 @@ def test_a_display_on_a_terminal_and_none_in_a_pipe(tmp_path: Path) -> None:
     text, stdout = run_script(tmp_path, on_pty=False)
     assert [line for line in text.splitlines() if not line.startswith("== ")] == ["interrupted"]
     assert stdout.strip() == "302"
+
+
+LOG_SCRIPT = """
+import logging, sys, threading, warnings
+import snapstore
+from snapstore.write import progress
+
+root = sys.argv[1]
+logging.getLogger("snapstore").setLevel(logging.ERROR)  # miss explanations: not on trial here
+drawn = threading.Event()
+draw = progress.Display._draw
+
+def _draw(self, force):
+    draw(self, force)
+    if self._bar is not None:
+        drawn.set()
+
+progress.Display._draw = _draw
+
+@snapstore.snapshot(root=root, ignore_globals=["drawn"])
+def logged(n):
+    for i in range(n):
+        yield {"x": i}
+        if i == 1000:
+            drawn.wait(60)  # the display is up
+            logging.getLogger("user").warning("careful: sample %d is odd", i)
+        if i == 1500 and n == 2000:
+            warnings.warn(f"sample {i} is odd too", stacklevel=1)
+
+def case(name):
+    print(f"== {name}", file=sys.stderr, flush=True)
+
+last_resort = logging.lastResort
+case("no logging configured")
+logged(2000).materialize()
+drawn.clear()
+logging.basicConfig(format="%(levelname)s %(message)s")
+case("configured")
+logged(2001).materialize()
+case("end")
+handler = logging.getLogger().handlers[0]
+print(handler.stream is sys.stderr, logging.lastResort is last_resort)
+print(warnings.showwarning is warnings._showwarning_orig)
+"""
+
+
+def test_a_warning_logged_while_the_display_is_up_is_written_above_it(tmp_path: Path) -> None:
+    text, stdout = run_script(tmp_path, on_pty=True, source=LOG_SCRIPT)
+    shown = cases(text)
+    bare, configured = shown["no logging configured"], shown["configured"]
+    assert bare[0] == "careful: sample 1000 is odd"  # a line of its own, not inside the bar
+    assert bare[1].endswith(": UserWarning: sample 1500 is odd too")  # a warning, likewise
+    assert bare[2].strip().startswith("warnings.warn(")  # its source line
+    assert configured[0] == "WARNING careful: sample 1000 is odd"  # the handler's own format
+    assert len(bare) == 4 and len(configured) == 2  # then the bar, redrawn in place
+    assert bare[3].startswith("script.logged: 2k samples, ") and bare[3].endswith("B/s]")
+    assert configured[1].startswith("script.logged: 2k samples, ")
+    assert stdout.split() == ["True", "True", "True"]  # the streams were put back
+
+
+def test_logs_above_bar_swaps_only_the_streams_of_the_same_terminal() -> None:
+    display = io.StringIO()
+    same, other = logging.StreamHandler(display), logging.StreamHandler(io.StringIO())
+    logger = logging.getLogger("test_progress.above")
+    for handler in (same, other):
+        logger.addHandler(handler)
+    try:
+        logs = progress.LogsAboveBar(display)
+        logs.start()
+        assert same.stream is not display and other.stream is not display
+        logger.warning("above")
+        assert display.getvalue() == "above\n"
+        logs.stop()
+        assert same.stream is display
+    finally:
+        for handler in (same, other):
+            logger.removeHandler(handler)
+
+
+def test_a_terminal_of_no_width_gets_80_columns(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Some CI pseudo-terminals report 0 columns: tqdm drew empty lines there."""
+    monkeypatch.delenv("COLUMNS", raising=False)
+    leader, follower = pty.openpty()
+    fcntl.ioctl(follower, termios.TIOCSWINSZ, struct.pack("HHHH", 0, 0, 0, 0))
+    stream = io.TextIOWrapper(os.fdopen(follower, "wb", buffering=0), write_through=True)
+    try:
+        assert progress.terminal_columns(stream) == progress.FALLBACK_COLUMNS == 80
+        display = Display("prep.stage", file=stream)
+        display(400, 4000)
+        display.close(ok=True)
+        os.set_blocking(leader, False)
+        text = os.read(leader, 1 << 16).decode()
+    finally:
+        stream.close()
+        os.close(leader)
+    lines = [line for line in screen(text) if line]
+    assert lines == [lines[-1]] and lines[-1].startswith("prep.stage: 400 samples, 4kB stored [")
+    assert len(lines[-1]) <= 80
+
+
+def test_terminal_columns(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("COLUMNS", "120")
+    assert progress.terminal_columns(io.StringIO()) is None  # not a terminal: nothing is cut
+    assert progress.terminal_columns(None) is None
+    leader, follower = pty.openpty()
+    with os.fdopen(follower, "w") as stream:
+        fcntl.ioctl(follower, termios.TIOCSWINSZ, struct.pack("HHHH", 24, 100, 0, 0))
+        assert progress.terminal_columns(stream) == 100  # the terminal's own width first
+        fcntl.ioctl(follower, termios.TIOCSWINSZ, struct.pack("HHHH", 0, 0, 0, 0))
+        assert progress.terminal_columns(stream) == 120  # none: $COLUMNS
+        monkeypatch.setenv("COLUMNS", "0")
+        assert progress.terminal_columns(stream) == 80
+    os.close(leader)
 
 
 def test_interactive_means_a_terminal_or_a_jupyter_kernel(monkeypatch: pytest.MonkeyPatch) -> None:

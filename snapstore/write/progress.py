@@ -13,21 +13,37 @@ every path:
 
 Without a display, a job waiting for another job's claim logs a line at INFO every
 :data:`WAIT_LOG_SECONDS` seconds saying for whom it waits and how far that job has got.
+
+While a display is drawn on a terminal, log records that the application's handlers write to
+that terminal are written above it (:class:`LogsAboveBar`), not through it; and a terminal that
+reports no width (0 columns) is drawn to :data:`FALLBACK_COLUMNS`.
 """
 
 from __future__ import annotations
 
 import logging
+import os
 import sys
 import threading
 import time
-from collections.abc import Callable
+import warnings
+from collections.abc import Callable, Iterator
 from typing import IO, Any
 
 from ..oldpaths import historic_name
 from ..storage.claims import ClaimState, Clock, SystemClock
 
-__all__ = ["Display", "ProgressArg", "Reporter", "interactive", "open_reporter", "tee"]
+__all__ = [
+    "FALLBACK_COLUMNS",
+    "Display",
+    "LogsAboveBar",
+    "ProgressArg",
+    "Reporter",
+    "interactive",
+    "open_reporter",
+    "tee",
+    "terminal_columns",
+]
 
 log = logging.getLogger(historic_name(__name__))
 
@@ -44,6 +60,10 @@ slow stage fills a block or a partition runs)."""
 MIN_DRAW_SECONDS = 0.1
 """Reports closer together than this are drawn together (a fast stage writes many blocks a
 second)."""
+
+FALLBACK_COLUMNS = 80
+"""The width a display is drawn to when the terminal reports none: some CI pseudo-terminals
+report 0 columns, where tqdm drew empty lines. 80, as ``shutil.get_terminal_size`` falls back."""
 
 # Counts and rates are formatted here (tqdm would write 0 samples as "0.00"); tqdm draws the bar,
 # the elapsed time and the ETA, and puts ", " before a non-empty {postfix}.
@@ -69,6 +89,24 @@ def interactive(stream: IO[str] | None = None) -> bool:
     except (AttributeError, ValueError):  # replaced by an object without it, or closed
         tty = False
     return tty or in_jupyter()
+
+
+def terminal_columns(stream: IO[str] | None) -> int | None:
+    """The width to draw a display on ``stream`` to: the terminal's; for a terminal that
+    reports none (0 columns), ``$COLUMNS`` if a positive number, else :data:`FALLBACK_COLUMNS`;
+    None (nothing is cut) when ``stream`` is not a terminal (a file, a pipe)."""
+    try:
+        if stream is None or not stream.isatty():
+            return None
+        columns = os.get_terminal_size(stream.fileno()).columns
+    except (AttributeError, OSError, ValueError):  # no file behind it, or closed
+        return None
+    if columns <= 0:
+        try:
+            columns = int(os.environ.get("COLUMNS", ""))
+        except ValueError:
+            columns = 0
+    return columns if columns > 0 else FALLBACK_COLUMNS
 
 
 def sizeof(num: float, suffix: str = "") -> str:
@@ -154,6 +192,10 @@ class Display(Reporter):
     thread. :meth:`close` stops the thread and leaves a final line if the materialization
     succeeded, or clears the display if it failed.
 
+    On a terminal the display is as wide as the terminal, or :data:`FALLBACK_COLUMNS` when it
+    reports no width (see :func:`terminal_columns`); while it is drawn, log records written to
+    the same terminal go above it (see :class:`LogsAboveBar`).
+
     Parameters
     ----------
     label : str
@@ -178,6 +220,8 @@ class Display(Reporter):
         self._wait: str | None = None
         self._final: str | None = None
         self._closed = False
+        self._widget = in_jupyter()  # tqdm.auto draws a notebook widget, sized by the notebook
+        self._logs: LogsAboveBar | None = None
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._refresh, name="snapstore-progress")
         self._thread.daemon = True
@@ -211,18 +255,29 @@ class Display(Reporter):
         if self._thread is not threading.current_thread():
             self._thread.join()
         with self._lock:
-            if ok and not self._closed:
-                self._draw(force=True)  # the final line, even for a stage that took no time
-            self._closed = True
-            bar, self._bar = self._bar, None
-            if bar is None:
-                return
             try:
-                if not ok:
-                    bar.leave = False  # cleared: the traceback starts on a clean line
-                bar.close()
-            except Exception:  # not to hide the error being raised, if any
-                log.debug("snapstore: could not close the progress display", exc_info=True)
+                if ok and not self._closed:
+                    self._draw(force=True)  # the final line, even for a stage that took no time
+                self._closed = True
+                bar, self._bar = self._bar, None
+                if bar is None:
+                    return
+                try:
+                    if not ok:
+                        bar.leave = False  # cleared: the traceback starts on a clean line
+                    bar.close()
+                except Exception:  # not to hide the error being raised, if any
+                    log.debug("snapstore: could not close the progress display", exc_info=True)
+            finally:
+                self._stop_logs()
+
+    def _stop_logs(self) -> None:
+        logs, self._logs = self._logs, None
+        if logs is not None:
+            logs.stop()
+
+    def _stream(self) -> IO[str]:
+        return self.file if self.file is not None else sys.stderr
 
     def _refresh(self) -> None:
         while not self._stop.wait(REFRESH_SECONDS):
@@ -245,9 +300,13 @@ class Display(Reporter):
             if self._bar is None:
                 self._mode = mode
                 self._bar = self._new_bar(mode)
+            if self._logs is None and not self._widget:
+                self._logs = LogsAboveBar(self._stream())
+                self._logs.start()
             self._update(self._bar, now - self._start)
             self._bar.refresh()
         except Exception:  # a display must never fail the materialization it shows
+            self._stop_logs()  # the warning below goes where logs went before
             log.warning("snapstore: progress display failed; going on without it", exc_info=True)
             self._closed = True
 
@@ -261,8 +320,12 @@ class Display(Reporter):
             desc=desc,
             postfix=postfix,
             smoothing=0,  # average rates: samples/s, MB/s and the ETA agree with each other
-            dynamic_ncols=True,  # trimmed to the terminal's width, never wrapped
-            file=self.file if self.file is not None else sys.stderr,
+            # Trimmed to the terminal's width, never wrapped: measured at each draw (in
+            # _update) with a fallback, as tqdm's own measure gives 0 or -1 on a terminal
+            # that reports no width, and draws nothing then.
+            dynamic_ncols=self._widget,
+            ncols=None if self._widget else terminal_columns(self._stream()),
+            file=self._stream(),
             bar_format=_SAMPLES_FORMAT if mode == "samples" else _PARTITIONS_FORMAT,
         )
         # Drawn from the first report on, but timed from the start of the materialization.
@@ -271,6 +334,8 @@ class Display(Reporter):
 
     def _update(self, bar: Any, elapsed: float) -> None:
         desc, postfix = self._texts(elapsed)
+        if not self._widget:
+            bar.ncols = terminal_columns(self._stream())
         if self._mode == "partitions":
             bar.n, bar.total = self._done, self._total
         bar.set_description_str(desc, refresh=False)
@@ -288,6 +353,129 @@ class Display(Reporter):
             return self.label, "; ".join(t for t in (stats, self._wait) if t)
         text = self._final or (self._wait if self._samples == 0 else None)
         return f"{self.label}: {text or counts}", "" if text else rates
+
+
+class _AboveBars:
+    """A handler's stream while a display is up: each write clears the bars drawn on the same
+    terminal, writes, and draws them again (tqdm's external write mode, under its lock)."""
+
+    def __init__(self, stream: IO[str]) -> None:
+        self.stream = stream
+
+    def write(self, text: str) -> int:
+        from tqdm import tqdm
+
+        with tqdm.external_write_mode(file=self.stream):
+            written = self.stream.write(text)
+            self.stream.flush()
+        return written
+
+    def flush(self) -> None:
+        self.stream.flush()
+
+    def __getattr__(self, name: str) -> Any:  # encoding, isatty...: the stream's
+        return getattr(self.stream, name)
+
+
+def _same_terminal(a: Any, b: Any) -> bool:
+    """Whether writes to ``a`` and ``b`` land on the same screen: the same stream, both standard
+    streams (mixed on a terminal), or one terminal open twice."""
+    std = (sys.stdout, sys.stderr)
+    if a is b or (any(a is s for s in std) and any(b is s for s in std)):
+        return True
+    try:
+        return bool(a.isatty() and b.isatty()) and os.path.sameopenfile(a.fileno(), b.fileno())
+    except (AttributeError, OSError, ValueError):
+        return False
+
+
+def _stream_handlers() -> Iterator[logging.StreamHandler[Any]]:
+    """Every StreamHandler configured on a logger (the root included)."""
+    loggers = [logging.getLogger(), *logging.Logger.manager.loggerDict.values()]
+    seen: set[int] = set()
+    for logger in loggers:
+        for handler in getattr(logger, "handlers", ()):
+            if isinstance(handler, logging.StreamHandler) and id(handler) not in seen:
+                seen.add(id(handler))
+                yield handler
+
+
+class LogsAboveBar:
+    """While a display is drawn on ``stream``, log records and warnings go above it, not
+    through it.
+
+    The application's handlers that write to the same terminal (and logging's last resort,
+    which prints warnings when no handler is configured) get a stream that clears the display,
+    writes the record and draws the display again; so do Python warnings printed there by the
+    default ``warnings.showwarning`` (a replaced one, such as ``logging.captureWarnings``', is
+    left alone). No handler is added: the streams of those already configured are swapped on
+    :meth:`start` and put back on :meth:`stop` (their levels, formats and filters stay theirs).
+    """
+
+    def __init__(self, stream: IO[str]) -> None:
+        self.stream = stream
+        self._swapped: list[tuple[logging.StreamHandler[Any], Any]] = []
+        self._last_resort: tuple[logging.Handler | None, logging.Handler] | None = None
+        self._showwarning: tuple[Any, Any] | None = None
+
+    def start(self) -> None:
+        """Swap the streams (once; a second call does nothing)."""
+        if self._swapped or self._last_resort or self._showwarning:
+            return
+        self._start_warnings()
+        for handler in _stream_handlers():
+            target = handler.stream
+            if not isinstance(target, _AboveBars) and _same_terminal(target, self.stream):
+                handler.setStream(_AboveBars(target))
+                self._swapped.append((handler, target))
+        last = logging.lastResort
+        if last is not None and _same_terminal(sys.stderr, self.stream):
+            above = logging.StreamHandler(_AboveBars(sys.stderr))
+            above.setLevel(last.level)
+            logging.lastResort = above
+            self._last_resort = (last, above)
+
+    def stop(self) -> None:
+        """Put the streams back (those not changed meanwhile by someone else)."""
+        swapped, self._swapped = self._swapped, []
+        for handler, target in swapped:
+            if isinstance(handler.stream, _AboveBars):
+                handler.setStream(target)
+        if self._last_resort is not None:
+            last, above = self._last_resort
+            if logging.lastResort is above:
+                logging.lastResort = last
+            self._last_resort = None
+        if self._showwarning is not None:
+            original, above = self._showwarning
+            if warnings.showwarning is above:
+                warnings.showwarning = original
+            self._showwarning = None
+
+    def _start_warnings(self) -> None:
+        original = warnings.showwarning
+        if original is not _SHOWWARNING:
+            return  # the application's, or logging's: it decides where warnings go
+
+        def showwarning(
+            message: Warning | str,
+            category: type[Warning],
+            filename: str,
+            lineno: int,
+            file: Any = None,
+            line: str | None = None,
+        ) -> None:
+            target = sys.stderr if file is None else file
+            if _same_terminal(target, self.stream):
+                target = _AboveBars(target)
+            original(message, category, filename, lineno, target, line)
+
+        warnings.showwarning = showwarning
+        self._showwarning = (original, showwarning)
+
+
+# Python's own showwarning (which catch_warnings puts back while it records).
+_SHOWWARNING = getattr(warnings, "_showwarning_orig", warnings.showwarning)
 
 
 def tee(*callbacks: Callable[[int, int], None]) -> Callable[[int, int], None]:
