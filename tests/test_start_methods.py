@@ -20,7 +20,6 @@ from snapstore.torch import SnapshotDataset, SnapshotIterableDataset  # noqa: E4
 
 DataLoader = torch.utils.data.DataLoader
 METHODS = ["fork", "spawn", "forkserver"]
-pytestmark = pytest.mark.filterwarnings("ignore:'set_vital' is deprecated")
 
 
 def rows(n: int) -> Any:

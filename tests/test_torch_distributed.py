@@ -37,8 +37,6 @@ BATCH = 4
 SEED = 7
 EPOCHS = 2
 GROUP_TIMEOUT_S = 180  # a hung group fails the test instead of waiting for faulthandler
-# torchdata 0.11 calls a deprecated torch function on every loader it makes.
-pytestmark = pytest.mark.filterwarnings("ignore:'set_vital' is deprecated")
 
 # One rank. argv[1] is a JSON config; the rank writes what every rank read (gathered) to
 # out/rank<r>.json. A failure exits non-zero with its traceback on stderr.

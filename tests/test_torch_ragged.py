@@ -20,7 +20,6 @@ DataLoader = torch.utils.data.DataLoader
 N = 120
 FORMS = ("list", "nested", "packed", "pad")
 pytestmark = [
-    pytest.mark.filterwarnings("ignore:'set_vital' is deprecated"),
     # torch's own note on the strided layout, which "nested" uses for fields with several
     # varying dimensions
     pytest.mark.filterwarnings("ignore:The PyTorch API of nested tensors is in prototype"),
