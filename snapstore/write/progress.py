@@ -429,7 +429,8 @@ class LogsAboveBar:
                 handler.setStream(_AboveBars(target))
                 self._swapped.append((handler, target))
         last = logging.lastResort
-        if last is not None and _same_terminal(sys.stderr, self.stream):
+        redirected = isinstance(getattr(last, "stream", None), _AboveBars)  # by another display
+        if last is not None and not redirected and _same_terminal(sys.stderr, self.stream):
             above = logging.StreamHandler(_AboveBars(sys.stderr))
             above.setLevel(last.level)
             logging.lastResort = above
