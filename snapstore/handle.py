@@ -11,7 +11,8 @@ a child. What the parent read and verified (commit record, manifest, a block ind
 parent's pin (see :mod:`snapstore.storage.pins`). The handle carries its store with
 :func:`portable` and :func:`reopen`, which live with the stores in
 :mod:`snapstore.storage.travel` (engine and Ray workers use them too) and are importable from
-here as well.
+here as well. A :class:`~snapstore.snapshot.Snapshot` pickles the same way (see
+``Snapshot.__reduce__``), and a handle opens its snapshot through it.
 """
 
 from __future__ import annotations
@@ -21,7 +22,6 @@ import socket
 from typing import TYPE_CHECKING, Any
 
 from .read.reader import SnapshotMetadata
-from .storage.claims import process_gone
 from .storage.travel import portable, reopen
 
 if TYPE_CHECKING:
@@ -96,18 +96,9 @@ class SnapshotHandle:
             # A forked child drops the parent's copy without closing it: its threads and
             # locks belong to the parent (its metadata is plain data, and ours to reuse).
             metadata = self._metadata if self._opened is None else self._sent()
-            snap = Snapshot(reopen(self.root), self.fingerprint)
-            if metadata is not None:
-                snap._metadata, snap._hit_logged = metadata, True
-                snap._pinned_elsewhere = self._sender_alive()  # else it pins for itself
+            snap = Snapshot._arrive(self.root, self.fingerprint, metadata, self._sender)
             self._opened, self._pid, self._metadata = snap, os.getpid(), None
         return self._opened
-
-    def _sender_alive(self) -> bool:
-        """Whether the process that sent this handle (and holds the pin) runs on this host
-        (a worker on another host, or a handle loaded in a later job, pins for itself)."""
-        host, pid = self._sender
-        return host == socket.gethostname() and not process_gone(host, pid)
 
     def _sent(self) -> SnapshotMetadata | None:
         """What the sending process read, if it read the snapshot (and pinned it)."""
@@ -116,10 +107,7 @@ class SnapshotHandle:
             return self._metadata
         if self._pid == os.getpid():
             opened._open()  # read, and pinned, by this process for as long as its workers read
-        guard = opened._guard  # in a forked child: the parent's, started there or not at all
-        if guard is None or not guard.started:  # not pinned there: each process pins itself
-            return None
-        return opened.shareable_metadata()
+        return opened._pinned_metadata()  # None if not pinned there: each process pins itself
 
     def __getstate__(self) -> dict[str, Any]:
         metadata = self._sent()

@@ -9,24 +9,21 @@ unless one with that fingerprint is already committed.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 import logging
 import os
+import pickle
+import socket
+import sys
 import weakref
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any, TypeVar, Unpack, overload
 
 from .errors import FormatError, SnapshotNotFoundError, SnapshotRemovedError
 from .fingerprint.digest import Fingerprint, fingerprint_stage
-from .fingerprint.earlier import (
-    SCRIPTS_AS_MAIN,
-    Naming,
-    earlier_namings,
-    names_script_code,
-    renamed,
-)
 from .fingerprint.explain import diff_parts
-from .fingerprint.importname import module_name, script_names_as_main
+from .fingerprint.importname import module_name
 from .format import layout as fmt
 from .format.schema import Schema
 from .manage.catalog import previous_of_stage, resolve_fingerprint, stored_fingerprint
@@ -41,7 +38,8 @@ from .read.reader import (
 )
 from .storage import claims, pins
 from .storage.store import Store, open_store
-from .write import jobs, upgrade
+from .storage.travel import portable, reopen
+from .write import jobs
 from .write.jobs import StageJob, log_found, partition_calls, run_job
 from .write.progress import ProgressArg, Reporter
 from .write.stageoptions import NAMES as STAGE_SETTINGS
@@ -74,7 +72,9 @@ class Snapshot:
     """A handle on the snapshot of one stage call, committed or not yet.
 
     Reading (``len``, indexing, iteration, :meth:`batches`) materializes it first if needed.
-    Use it as a context manager, or call :meth:`close`, to stop its reader threads.
+    Use it as a context manager, or call :meth:`close`, to stop its reader threads. It pickles
+    as its store's recipe and fingerprint, and opens again where it is unpickled (see
+    :meth:`__reduce__`); a copy is another handle on the same snapshot (:meth:`__copy__`).
     """
 
     def __init__(
@@ -91,7 +91,6 @@ class Snapshot:
         self.fingerprint: str = (
             fingerprint.digest if isinstance(fingerprint, Fingerprint) else fingerprint
         )
-        self._call_fp = self._fp  # kept when the snapshot an earlier release wrote is read
         self._stage = stage
         self._args = args
         self._kwargs = dict(kwargs or {})
@@ -114,22 +113,12 @@ class Snapshot:
         return f"<Snapshot {self.fingerprint[:12]} {state} at {self.store.url}>"
 
     def __snapstore_upstream__(self) -> str:
-        """Passed as an argument to another stage, a snapshot contributes its call's
-        fingerprint (:attr:`call_fingerprint`)."""
-        return self.call_fingerprint
+        """Passed as an argument to another stage, a snapshot contributes its fingerprint."""
+        return self.fingerprint
 
     def __snapstore_key__(self) -> str:
-        """Inside a container argument, a snapshot is identified by its call's fingerprint too."""
-        return self.call_fingerprint
-
-    @property
-    def call_fingerprint(self) -> str:
-        """The fingerprint this snapstore gives the stage call: :attr:`fingerprint` (the
-        snapshot read), unless materializing found the snapshot that a release with an earlier
-        format version wrote for the call, which ``fingerprint`` then names (see the
-        ``upgrade`` setting of :class:`snapstore.StageOptions`). Another stage that takes this
-        snapshot as an argument hashes this one, whichever snapshot is read."""
-        return self.fingerprint if self._call_fp is None else self._call_fp.digest
+        """Inside a container argument, a snapshot is identified by its fingerprint too."""
+        return self.fingerprint
 
     @property
     def committed(self) -> bool:
@@ -145,11 +134,6 @@ class Snapshot:
 
     def materialize(self, progress: ProgressArg = None) -> Snapshot:
         """Run the stage and commit its output, unless this fingerprint is already committed.
-
-        When it is not, but the snapshot that a release with an earlier format version (or a
-        fingerprint scheme that only named things otherwise) wrote for the same call is, that
-        one is read and nothing is computed: :attr:`fingerprint` then names it, and the INFO
-        log says so (see :mod:`snapstore.write.upgrade` and the stage's ``upgrade`` setting).
 
         Parameters
         ----------
@@ -185,8 +169,6 @@ class Snapshot:
             raise SnapshotNotFoundError(
                 f"snapshot {self.fingerprint} is not committed under {self.store.url}"
             )
-        if self._stage.read_earlier(self, progress):
-            return self
         self._stage.write(self, progress)  # explains the miss once it knows what it does
         self._hit_logged = True  # computed or waited for here: reading it is no cache hit
         return self
@@ -338,6 +320,109 @@ class Snapshot:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
+    # Pickling and copying. A Snapshot holds threads, locks, memory maps and a pin that belong
+    # to this process; what travels is what reopens it elsewhere (see snapstore.handle).
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        """Pickled as its handle: the store's recipe and the fingerprint, opened by the
+        receiving process on its first use (unpickling makes no request).
+
+        What this process read and pins (commit record, manifest, index) travels along, so a
+        receiver on this host reads no metadata while this process runs, and relies on its pin;
+        elsewhere, or later, the receiver reads and pins for itself. A snapshot not yet
+        materialized here also carries its stage (by name, as pickle sends a function) and
+        the call's arguments, so the receiver can materialize it; one this process has
+        materialized or read carries no code.
+
+        Raises
+        ------
+        TypeError
+            If the store lives in this process only (``memory://``) or has no recipe (a user
+            store), or if a snapshot not yet materialized has a stage or arguments that do not
+            pickle; the message names the snapshot and what to do.
+        """
+        what = f"snapshot {self.fingerprint[:12]} under {self.store.url}"
+        try:
+            where = portable(self.store, "another process", fresh_process=True)
+        except TypeError as exc:
+            raise TypeError(f"cannot pickle {what}: {exc}") from exc
+        guard = self._guard  # the pin's holder sends; in a forked child, the parent
+        sender = (socket.gethostname(), os.getpid() if guard is None else guard.pid)
+        fingerprint = self._fp or self.fingerprint
+        metadata = self._pinned_metadata()
+        return (Snapshot._arrive, (where, fingerprint, metadata, sender, self._call(what)))
+
+    def _call(self, what: str) -> tuple[Stage, tuple[Any, ...], dict[str, Any]] | None:
+        """The stage call, for a receiver to materialize it (None once this handle has seen the
+        snapshot committed: the receiver then needs no code, only the store)."""
+        # _hit_logged: set once materialize() found or wrote it, or the metadata of a committed
+        # snapshot arrived; close() keeps it.
+        seen = self._hit_logged or self._reader is not None or self._record is not None
+        if self._stage is None or seen or self._metadata is not None:
+            return None
+        parts = {
+            f"its stage {self._stage.name} does not pickle": self._stage,
+            "the arguments of its stage call do not pickle": (self._args, self._kwargs),
+        }
+        for problem, value in parts.items():
+            try:
+                pickle.dumps(value)
+            except (pickle.PicklingError, TypeError, AttributeError) as exc:
+                raise TypeError(
+                    f"cannot pickle {what}, not materialized here: {problem} ({exc}). Call "
+                    "materialize() before pickling it (a materialized snapshot travels as its "
+                    "store and fingerprint alone), or define the stage at the top level of an "
+                    "importable module and pass arguments that pickle"
+                ) from exc
+        return self._stage, self._args, self._kwargs
+
+    def _pinned_metadata(self) -> SnapshotMetadata | None:
+        """What this process read and pins, for a receiver to rely on (None when it holds no
+        pin: a receiver then reads and pins for itself)."""
+        guard = self._guard  # in a forked child: the parent's, started there or not at all
+        if guard is None or not guard.started:
+            return None
+        return self.shareable_metadata()
+
+    @classmethod
+    def _arrive(
+        cls,
+        where: tuple[Any, ...],
+        fingerprint: Fingerprint | str,
+        metadata: SnapshotMetadata | None,
+        sender: tuple[str, int],
+        call: tuple[Stage, tuple[Any, ...], dict[str, Any]] | None = None,
+    ) -> Snapshot:
+        """A snapshot sent by another process (``sender``: host, pid), here: its store reopened
+        from ``where``, nothing read. With ``metadata`` (what the sender read and pins) it reads
+        no metadata, and relies on the sender's pin while the sender runs on this host."""
+        stage, args, kwargs = call or (None, (), {})
+        snap = cls(reopen(where), fingerprint, stage=stage, args=args, kwargs=kwargs)
+        if metadata is not None:
+            snap._metadata, snap._hit_logged = metadata, True
+            host, pid = sender
+            snap._pinned_elsewhere = host == socket.gethostname() and not claims.process_gone(
+                host, pid
+            )
+        return snap
+
+    def __copy__(self) -> Snapshot:
+        """Another handle on the same snapshot (store, fingerprint, stage call), sharing none of
+        this one's reader, threads or pin: it opens on its own first use, from the metadata
+        this one has read, and pins for itself. Closing one leaves the other usable."""
+        twin = Snapshot(
+            self.store, self._fp or self.fingerprint,
+            stage=self._stage, args=self._args, kwargs=self._kwargs,
+        )  # fmt: skip
+        twin._metadata = self.shareable_metadata() or self._metadata
+        twin._record, twin._hit_logged = self._record, self._hit_logged
+        return twin
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> Snapshot:
+        """As :meth:`__copy__`: the data are immutable and the store is a connection, so a deep
+        copy (of a model that holds a snapshot, say) shares them too."""
+        return self.__copy__()
+
 
 class Stage:
     """A function wrapped by :func:`snapshot`; calling it returns a :class:`Snapshot`.
@@ -382,6 +467,38 @@ class Stage:
             return getattr(self.config, name)
         raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
 
+    def __reduce__(self) -> str | tuple[Any, ...]:
+        """Pickled by name where the stage is found by name (a function decorated at the top
+        level of a module: pickle's rule for functions), else as its function (by name) and
+        settings, a Store as ``root`` travelling as its recipe. The receiving process imports
+        the stage's module.
+
+        Raises
+        ------
+        TypeError
+            If the settings' ``root`` is a store that cannot travel (see
+            :func:`snapstore.storage.travel.portable`).
+        """
+        found: Any = sys.modules.get(getattr(self.fn, "__module__", None) or "")
+        for part in getattr(self.fn, "__qualname__", "<?>").split("."):
+            found = getattr(found, part, None)
+        if found is self:
+            return str(self.__qualname__)
+        config, where = self.config, None
+        if isinstance(config.root, Store):
+            destination = f"another process (stage {self.name})"
+            where = portable(config.root, destination, fresh_process=True)
+            config = dataclasses.replace(config, root=None)
+        return (_rebuilt_stage, (self.fn, config, where, self.clock))
+
+    def __copy__(self) -> Stage:
+        """The stage itself: like a function, a stage does not change once made."""
+        return self
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> Stage:
+        """The stage itself, as :meth:`__copy__`."""
+        return self
+
     def partition_calls(self, snap: Snapshot) -> list[tuple[tuple[Any, ...], dict[str, Any]]]:
         """The calls, ``(args, kwargs)`` per partition, that ``snap`` (a call of this
         partitioned stage) is split into (see :func:`snapstore.write.jobs.partition_calls`).
@@ -411,67 +528,6 @@ class Stage:
             ignore=config.ignore,
             ignore_globals=config.ignore_globals,
         )
-
-    def fingerprint_as(self, snap: Snapshot, naming: Naming) -> Fingerprint:
-        """The fingerprint that a release of ``naming`` gave ``snap``'s call, with each upstream
-        snapshot among its arguments named as that release named it (see
-        :mod:`snapstore.fingerprint.earlier`); no I/O.
-
-        Raises
-        ------
-        ValueError
-            If ``snap`` is not a call of a stage (it was opened by its fingerprint).
-        """
-        call = snap._call_fp
-        if call is None:
-            raise ValueError(f"snapshot {snap.fingerprint} is no stage call: it has one name")
-        if naming.scheme in SCRIPTS_AS_MAIN and names_script_code(call):
-            with script_names_as_main():
-                call = self.fingerprint(*snap._args, **snap._kwargs)
-        calls = {
-            value.call_fingerprint: value
-            for value in (*snap._args, *snap._kwargs.values())
-            if isinstance(value, Snapshot) and value._stage is not None
-            and value._call_fp is not None
-        }  # fmt: skip
-        upstream = {
-            arg: up._stage.fingerprint_as(up, naming).digest
-            for arg, found in (call.details.get("upstream") or {}).items()
-            if (up := calls.get(found)) is not None and up._stage is not None
-        }
-        return renamed(call, naming, upstream)
-
-    def read_earlier(self, snap: Snapshot, progress: ProgressArg = None) -> bool:
-        """Whether the snapshot that a release with an earlier format version wrote for
-        ``snap``'s call (uncommitted under its own fingerprint) is committed; if so ``snap``
-        reads it (after rewriting it under its own fingerprint, with ``upgrade=True``), and
-        the INFO log says so. One existence request per earlier naming, all at once.
-
-        Raises
-        ------
-        SnapstoreError
-            With ``upgrade=True``, if the earlier snapshot cannot be read to be rewritten.
-        """
-        call = snap._call_fp
-        if call is None or snap.fingerprint != call.digest:
-            return False
-        namings = earlier_namings(fmt.FORMAT_VERSION)
-        candidates = [self.fingerprint_as(snap, naming) for naming in namings]
-        found = upgrade.first_committed(snap.store, [c.digest for c in candidates])
-        if found is None:
-            return False
-        naming, earlier = namings[found], candidates[found]
-        rewritten = self.config.upgrade and upgrade.rewrite(
-            self.job(snap), earlier.digest, naming, progress
-        )
-        read = call if rewritten else earlier
-        try:
-            snap._record = read_record(snap.store, read.digest)
-        except SnapshotNotFoundError:  # removed since it was found: computed as if never found
-            return False
-        snap._fp, snap.fingerprint, snap._hit_logged = read, read.digest, True
-        upgrade.log_earlier(snap.store, earlier.digest, naming, call.digest, rewritten)
-        return True
 
     def __call__(self, *args: Any, **kwargs: Any) -> Snapshot:
         fp = self.fingerprint(*args, **kwargs)
@@ -525,6 +581,20 @@ class Stage:
         """Run the stage for ``snap``'s arguments and commit, without claiming it (a test's
         stand-in for another job)."""
         jobs.compute(self.job(snap), progress)
+
+
+def _rebuilt_stage(
+    fn: Callable[..., Iterable[Mapping[str, Any]]],
+    config: StageOptions,
+    where: tuple[Any, ...] | None,
+    clock: claims.Clock,
+) -> Stage:
+    """A pickled :class:`Stage` that travelled by value (see :meth:`Stage.__reduce__`)."""
+    if where is not None:
+        config = dataclasses.replace(config, root=reopen(where))
+    stage = Stage(fn, config)
+    stage.clock = clock
+    return stage
 
 
 @overload

@@ -17,8 +17,10 @@ from .store import FsspecStore, LocalStore, Store
 
 __all__ = ["portable", "reopen"]
 
+_IN_MEMORY = ("memory", ("memory",))  # how fsspec's memory filesystem names its protocol
 
-def portable(store: Store, destination: str) -> tuple[Any, ...]:
+
+def portable(store: Store, destination: str, *, fresh_process: bool = False) -> tuple[Any, ...]:
     """What reopens ``store`` in another process (a DataLoader, Grain, engine or Ray worker): a
     Store holds memory maps, caches, locks and event loops that another process cannot use, so a
     dataset keeps this instead and calls :func:`reopen` where it reads.
@@ -29,12 +31,31 @@ def portable(store: Store, destination: str) -> tuple[Any, ...]:
     the parent's (an async filesystem such as gcsfs or s3fs runs its requests on an event-loop
     thread that a forked child does not have).
 
+    Parameters
+    ----------
+    store : Store
+        The store to describe.
+    destination : str
+        Where the recipe goes, for the error ("DataLoader workers").
+    fresh_process : bool
+        True when the recipe may be reopened in a process that does not start as a copy of this
+        one (a pickle sent to a spawned process, a Ray task, another host). A ``memory://``
+        store is then refused: its files live in this process (and in its forked children
+        only), so a fresh process would find it empty.
+
     Raises
     ------
     TypeError
         For a store that is not a LocalStore, an FsspecStore or a CachedStore over one
-        (``destination`` names where it was to go).
+        (``destination`` names where it was to go), or a ``memory://`` store with
+        ``fresh_process``.
     """
+    if fresh_process and getattr(getattr(store, "fs", None), "protocol", None) in _IN_MEMORY:
+        raise TypeError(
+            f"cannot send a memory:// store to {destination}: its files live in this process "
+            "only, and another process would find it empty; use a local path or a bucket URL "
+            "as the root"
+        )
     if isinstance(store, LocalStore):
         return ("local", str(store.root), store.fsync)
     if isinstance(store, FsspecStore):
@@ -43,7 +64,8 @@ def portable(store: Store, destination: str) -> tuple[Any, ...]:
         return ("fsspec", type(store), *where)
     if isinstance(store, CachedStore):
         cache = store.cache
-        return ("cached", portable(store.inner, destination), str(cache.directory), cache.max_bytes)
+        inner = portable(store.inner, destination, fresh_process=fresh_process)
+        return ("cached", inner, str(cache.directory), cache.max_bytes)
     raise TypeError(
         f"cannot send a {type(store).__name__} to {destination}: expected a LocalStore, "
         "an FsspecStore or a CachedStore; open the snapshot under a local path or an fsspec URL"
