@@ -22,8 +22,15 @@ from typing import Any, TypeVar, Unpack, overload
 
 from .errors import FormatError, SnapshotNotFoundError, SnapshotRemovedError
 from .fingerprint.digest import Fingerprint, fingerprint_stage
+from .fingerprint.earlier import (
+    SCRIPTS_AS_MAIN,
+    Naming,
+    earlier_namings,
+    names_script_code,
+    renamed,
+)
 from .fingerprint.explain import diff_parts
-from .fingerprint.importname import module_name
+from .fingerprint.importname import module_name, script_names_as_main
 from .format import layout as fmt
 from .format.schema import Schema
 from .manage.catalog import previous_of_stage, resolve_fingerprint, stored_fingerprint
@@ -39,7 +46,7 @@ from .read.reader import (
 from .storage import claims, pins
 from .storage.store import Store, open_store
 from .storage.travel import portable, reopen
-from .write import jobs
+from .write import jobs, upgrade
 from .write.jobs import StageJob, log_found, partition_calls, run_job
 from .write.progress import ProgressArg, Reporter
 from .write.stageoptions import NAMES as STAGE_SETTINGS
@@ -91,6 +98,7 @@ class Snapshot:
         self.fingerprint: str = (
             fingerprint.digest if isinstance(fingerprint, Fingerprint) else fingerprint
         )
+        self._call_fp = self._fp  # kept when the snapshot an earlier release wrote is read
         self._stage = stage
         self._args = args
         self._kwargs = dict(kwargs or {})
@@ -113,12 +121,22 @@ class Snapshot:
         return f"<Snapshot {self.fingerprint[:12]} {state} at {self.store.url}>"
 
     def __snapstore_upstream__(self) -> str:
-        """Passed as an argument to another stage, a snapshot contributes its fingerprint."""
-        return self.fingerprint
+        """Passed as an argument to another stage, a snapshot contributes its call's
+        fingerprint (:attr:`call_fingerprint`)."""
+        return self.call_fingerprint
 
     def __snapstore_key__(self) -> str:
-        """Inside a container argument, a snapshot is identified by its fingerprint too."""
-        return self.fingerprint
+        """Inside a container argument, a snapshot is identified by its call's fingerprint too."""
+        return self.call_fingerprint
+
+    @property
+    def call_fingerprint(self) -> str:
+        """The fingerprint this snapstore gives the stage call: :attr:`fingerprint` (the
+        snapshot read), unless materializing found the snapshot that a release with an earlier
+        format version wrote for the call, which ``fingerprint`` then names (see the
+        ``upgrade`` setting of :class:`snapstore.StageOptions`). Another stage that takes this
+        snapshot as an argument hashes this one, whichever snapshot is read."""
+        return self.fingerprint if self._call_fp is None else self._call_fp.digest
 
     @property
     def committed(self) -> bool:
@@ -134,6 +152,11 @@ class Snapshot:
 
     def materialize(self, progress: ProgressArg = None) -> Snapshot:
         """Run the stage and commit its output, unless this fingerprint is already committed.
+
+        When it is not, but the snapshot that a release with an earlier format version (or a
+        fingerprint scheme that only named things otherwise) wrote for the same call is, that
+        one is read and nothing is computed: :attr:`fingerprint` then names it, and the INFO
+        log says so (see :mod:`snapstore.write.upgrade` and the stage's ``upgrade`` setting).
 
         Parameters
         ----------
@@ -169,6 +192,8 @@ class Snapshot:
             raise SnapshotNotFoundError(
                 f"snapshot {self.fingerprint} is not committed under {self.store.url}"
             )
+        if self._stage.read_earlier(self, progress):
+            return self
         self._stage.write(self, progress)  # explains the miss once it knows what it does
         self._hit_logged = True  # computed or waited for here: reading it is no cache hit
         return self
@@ -528,6 +553,67 @@ class Stage:
             ignore=config.ignore,
             ignore_globals=config.ignore_globals,
         )
+
+    def fingerprint_as(self, snap: Snapshot, naming: Naming) -> Fingerprint:
+        """The fingerprint that a release of ``naming`` gave ``snap``'s call, with each upstream
+        snapshot among its arguments named as that release named it (see
+        :mod:`snapstore.fingerprint.earlier`); no I/O.
+
+        Raises
+        ------
+        ValueError
+            If ``snap`` is not a call of a stage (it was opened by its fingerprint).
+        """
+        call = snap._call_fp
+        if call is None:
+            raise ValueError(f"snapshot {snap.fingerprint} is no stage call: it has one name")
+        if naming.scheme in SCRIPTS_AS_MAIN and names_script_code(call):
+            with script_names_as_main():
+                call = self.fingerprint(*snap._args, **snap._kwargs)
+        calls = {
+            value.call_fingerprint: value
+            for value in (*snap._args, *snap._kwargs.values())
+            if isinstance(value, Snapshot) and value._stage is not None
+            and value._call_fp is not None
+        }  # fmt: skip
+        upstream = {
+            arg: up._stage.fingerprint_as(up, naming).digest
+            for arg, found in (call.details.get("upstream") or {}).items()
+            if (up := calls.get(found)) is not None and up._stage is not None
+        }
+        return renamed(call, naming, upstream)
+
+    def read_earlier(self, snap: Snapshot, progress: ProgressArg = None) -> bool:
+        """Whether the snapshot that a release with an earlier format version wrote for
+        ``snap``'s call (uncommitted under its own fingerprint) is committed; if so ``snap``
+        reads it (after rewriting it under its own fingerprint, with ``upgrade=True``), and
+        the INFO log says so. One existence request per earlier naming, all at once.
+
+        Raises
+        ------
+        SnapstoreError
+            With ``upgrade=True``, if the earlier snapshot cannot be read to be rewritten.
+        """
+        call = snap._call_fp
+        if call is None or snap.fingerprint != call.digest:
+            return False
+        namings = earlier_namings(fmt.FORMAT_VERSION)
+        candidates = [self.fingerprint_as(snap, naming) for naming in namings]
+        found = upgrade.first_committed(snap.store, [c.digest for c in candidates])
+        if found is None:
+            return False
+        naming, earlier = namings[found], candidates[found]
+        rewritten = self.config.upgrade and upgrade.rewrite(
+            self.job(snap), earlier.digest, naming, progress
+        )
+        read = call if rewritten else earlier
+        try:
+            snap._record = read_record(snap.store, read.digest)
+        except SnapshotNotFoundError:  # removed since it was found: computed as if never found
+            return False
+        snap._fp, snap.fingerprint, snap._hit_logged = read, read.digest, True
+        upgrade.log_earlier(snap.store, earlier.digest, naming, call.digest, rewritten)
+        return True
 
     def __call__(self, *args: Any, **kwargs: Any) -> Snapshot:
         fp = self.fingerprint(*args, **kwargs)
