@@ -375,7 +375,8 @@ class Snapshot:
         sender = (socket.gethostname(), os.getpid() if guard is None else guard.pid)
         fingerprint = self._fp or self.fingerprint
         metadata = self._pinned_metadata()
-        return (Snapshot._arrive, (where, fingerprint, metadata, sender, self._call(what)))
+        call = self._call(what)
+        return (Snapshot._arrive, (where, fingerprint, metadata, sender, call, self._call_fp))
 
     def _call(self, what: str) -> tuple[Stage, tuple[Any, ...], dict[str, Any]] | None:
         """The stage call, for a receiver to materialize it (None once this handle has seen the
@@ -417,12 +418,16 @@ class Snapshot:
         metadata: SnapshotMetadata | None,
         sender: tuple[str, int],
         call: tuple[Stage, tuple[Any, ...], dict[str, Any]] | None = None,
+        call_fp: Fingerprint | None = None,
     ) -> Snapshot:
         """A snapshot sent by another process (``sender``: host, pid), here: its store reopened
         from ``where``, nothing read. With ``metadata`` (what the sender read and pins) it reads
-        no metadata, and relies on the sender's pin while the sender runs on this host."""
+        no metadata, and relies on the sender's pin while the sender runs on this host.
+        ``call_fp`` is the call's fingerprint where the sender read an earlier release's
+        snapshot (``fingerprint``) for it."""
         stage, args, kwargs = call or (None, (), {})
         snap = cls(reopen(where), fingerprint, stage=stage, args=args, kwargs=kwargs)
+        snap._call_fp = call_fp or snap._call_fp
         if metadata is not None:
             snap._metadata, snap._hit_logged = metadata, True
             host, pid = sender
@@ -441,6 +446,7 @@ class Snapshot:
         )  # fmt: skip
         twin._metadata = self.shareable_metadata() or self._metadata
         twin._record, twin._hit_logged = self._record, self._hit_logged
+        twin._call_fp = self._call_fp
         return twin
 
     def __deepcopy__(self, memo: dict[int, Any]) -> Snapshot:

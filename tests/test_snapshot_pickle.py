@@ -9,6 +9,7 @@ import copy
 import multiprocessing
 import os
 import pickle
+import shutil
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -16,6 +17,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+from golden_stages import GOLDEN_ROWS, golden_rows
 
 import snapstore
 from snapstore.errors import SnapshotNotFoundError
@@ -214,6 +216,23 @@ def test_removed_after_pickling_is_not_found_there(tmp_path: Path) -> None:
     remove_snapshot(LocalStore(tmp_path), snap.fingerprint)
     with pytest.raises(SnapshotNotFoundError):
         len(pickle.loads(payload))
+
+
+def test_a_snapshot_an_earlier_release_wrote_keeps_the_call_fingerprint(tmp_path: Path) -> None:
+    """Materializing found the snapshot a release with format version 2 wrote for the call
+    (tests/test_upgrade.py): the receiver reads that one, and a downstream stage there hashes
+    the call's fingerprint, as here."""
+    shutil.copytree(
+        Path(__file__).with_name("golden") / "stages" / "scheme3-format2", tmp_path / "r"
+    )
+    snap = snapstore.snapshot(golden_rows, root=tmp_path / "r")(GOLDEN_ROWS, "scheme 3 format 2")
+    snap.materialize()
+    assert snap.fingerprint != snap.call_fingerprint  # the earlier one is read
+    for back in (pickle.loads(pickle.dumps(snap)), copy.copy(snap)):
+        assert back.fingerprint == snap.fingerprint
+        assert back.call_fingerprint == snap.call_fingerprint
+        assert list(back) == list(snap)
+        back.close()
 
 
 def _torch_worker(rank: int, snap: snapstore.Snapshot, out: str) -> None:
