@@ -10,7 +10,7 @@ import click
 
 from snapstore.storage.listing import root_missing
 from snapstore.storage.roots import check_root
-from snapstore.storage.store import Store, default_root, open_store
+from snapstore.storage.store import RetryPolicy, Store, default_root, open_store
 
 __all__ = [
     "Context",
@@ -45,18 +45,25 @@ def table(rows: list[list[str]], header: list[str]) -> str:
 
 
 class Context:
-    """The root the command works on, opened on first use with the storage options."""
+    """The root the command works on, opened on first use with the storage options and the
+    retry policy (``--store-timeout``; None: the default, or ``$SNAPSTORE_STORE_TIMEOUT``)."""
 
-    def __init__(self, root: str | None, options: dict[str, Any] | None = None) -> None:
+    def __init__(
+        self,
+        root: str | None,
+        options: dict[str, Any] | None = None,
+        retry: RetryPolicy | None = None,
+    ) -> None:
         self.root = root if root is not None else default_root()
         self.options = dict(options or {})
+        self.retry = retry
         self.debug = False
         self._store: Store | None = None
 
     @property
     def store(self) -> Store:
         if self._store is None:
-            self._store = open_store(self.root, **self.options)
+            self._store = open_store(self.root, retry=self.retry, **self.options)
         return self._store
 
 

@@ -77,7 +77,7 @@ def cp_command(
     """
     source = obj.store
     full = resolve_fingerprint(source, fingerprint)
-    dest = open_store(dest_root, **dest_options)
+    dest = open_store(dest_root, retry=obj.retry, **dest_options)
     bar = _Bar() if sys.stderr.isatty() else None
     try:
         result = copy_snapshot(source, full, dest, jobs=jobs, progress=bar)

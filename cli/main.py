@@ -27,6 +27,7 @@ from snapstore.manage.catalog import (
 )
 from snapstore.manage.gc import Policy, collect_garbage, last_used, select_snapshots
 from snapstore.manage.verify import verify_snapshot
+from snapstore.storage.retry import RetryPolicy
 
 from .common import (
     Context,
@@ -85,6 +86,14 @@ class _Group(click.Group):
     help="fsspec storage option for --root, repeatable (endpoint_url=..., token=anon); "
     "values are JSON when they parse, else strings.",
 )
+@click.option(
+    "--store-timeout",
+    type=click.FloatRange(min=0, min_open=True),
+    default=None,
+    metavar="SECONDS",
+    help="Give up on a remote store that does not answer one operation (retries included) "
+    "within this many seconds. [env: SNAPSTORE_STORE_TIMEOUT; default: 60]",
+)
 @click.option("-v", "--verbose", is_flag=True, help="Log what snapstore does.")
 @click.option("--debug", is_flag=True, help="Show tracebacks, and log at debug level.")
 @click.pass_context
@@ -92,13 +101,15 @@ def main(
     ctx: click.Context,
     root: str | None,
     storage_options: tuple[str, ...],
+    store_timeout: float | None,
     verbose: bool,
     debug: bool,
 ) -> None:
     """Manage snapstore snapshots: materialized outputs of preprocessing stages."""
     level = logging.DEBUG if debug else logging.INFO if verbose else logging.WARNING
     logging.basicConfig(level=level, format="%(message)s")
-    ctx.obj = Context(root, parse_options(storage_options))
+    retry = None if store_timeout is None else RetryPolicy(timeout=store_timeout)
+    ctx.obj = Context(root, parse_options(storage_options), retry)
     ctx.obj.debug = debug
 
 

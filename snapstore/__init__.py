@@ -22,6 +22,7 @@ from .errors import (
     SnapstoreError,
     StageError,
     StoreError,
+    StoreTimeoutError,
 )
 from .fingerprint import Fingerprint, InputError, Inputs, files
 from .format import FORMAT_VERSION, Field, Schema, nullable
@@ -65,6 +66,7 @@ __all__ = [
     "StageOptions",
     "Store",
     "StoreError",
+    "StoreTimeoutError",
     "WriteOptions",
     "default_root",
     "files",

@@ -19,6 +19,7 @@ clauses keep working::
     │                                                 (in snapstore.write.engines)
     ├── BusyError(SnapstoreError, RuntimeError)       another job holds the claim (on_busy="error")
     └── StoreError(SnapstoreError, OSError)           the storage backend failed
+        └── StoreTimeoutError(StoreError, TimeoutError)  it did not answer within the deadline
 
 Messages say what was expected, what was found and what to do about it.
 """
@@ -39,6 +40,7 @@ __all__ = [
     "SnapstoreError",
     "StageError",
     "StoreError",
+    "StoreTimeoutError",
 ]
 
 
@@ -101,6 +103,27 @@ class StageError(SnapstoreError, RuntimeError):
 
 class StoreError(SnapstoreError, OSError):
     """The storage backend failed (permission, space, network, missing bucket)."""
+
+
+class StoreTimeoutError(StoreError, TimeoutError):
+    """The store did not answer within the deadline of one operation (its retries included).
+
+    Raised by remote stores (see :class:`snapstore.storage.retry.RetryPolicy`, ``timeout``);
+    the message names the URL, the endpoint, the operation and the seconds waited. ``errno``
+    is ``ETIMEDOUT``.
+
+    Attributes
+    ----------
+    endpoint : str
+        The service that did not answer (``http://host:port``, or the client's default).
+    waited : float
+        Seconds the operation waited, its retries included.
+    """
+
+    def __init__(self, message: str, *, endpoint: str = "", waited: float = 0.0) -> None:
+        super().__init__(message)
+        self.endpoint = endpoint
+        self.waited = waited
 
 
 class ResumeError(SnapstoreError, ValueError):

@@ -4,7 +4,9 @@ Create-if-absent is asked of the service (GCS ``ifGenerationMatch=0``, S3 ``If-N
 or, for fsspec's memory filesystem, held under a process-wide lock;
 :data:`ATOMIC_CREATE_PROTOCOLS` lists where it is atomic, and elsewhere (``hdfs://``) the store
 warns once. Transient failures (timeouts, resets, HTTP 429 and 5xx) are retried under a
-:class:`~snapstore.storage.retry.RetryPolicy`; anything else becomes
+:class:`~snapstore.storage.retry.RetryPolicy`, within its deadline (see
+:mod:`snapstore.storage.deadline`; a store that does not answer raises
+:class:`~snapstore.errors.StoreTimeoutError`); anything else becomes
 :class:`~snapstore.errors.StoreError` naming the URL.
 """
 
@@ -20,18 +22,23 @@ import tempfile
 import threading
 import time
 from collections.abc import Callable
+from functools import partial
 from typing import IO, Any, TypeVar
 
-from ..errors import StoreError
+from ..errors import StoreError, StoreTimeoutError
+from ..format import layout as fmt
 from ..oldpaths import historic_name
 from .base import Store
+from .deadline import Deadline, Silence, TryAbandoned, call_with_deadline, endpoint_of
 from .local import OS_ERROR_HINTS, translated
 from .retry import (
     KIND_ERRNOS,
     KIND_HINTS,
+    STORE_TIMEOUT_ENV,
     RetryPolicy,
     classify_failure,
     http_status,
+    is_timeout,
     no_such_bucket,
     vanished_error,
 )
@@ -56,6 +63,8 @@ _ADVICE = dict.fromkeys(("hdfs", "arrow_hdfs"), ", or use the WebHDFS URL of the
                         "(webhdfs://NAMENODE:9870/PATH), whose commits are atomic")  # fmt: skip
 # No directories, so no makedirs (s3fs' would create a missing bucket, hiding a typo).
 _OBJECT_STORES = frozenset({"gs", "gcs", "s3", "s3a"})
+# Filesystems whose calls cannot hang on a network: no helper thread for their deadline.
+_IN_PROCESS = frozenset({"memory", "file", "local"})
 _CREATE_LOCK = threading.Lock()
 _WARNED: set[str] = set()  # protocols already warned about (once per process)
 
@@ -72,6 +81,19 @@ def _innermost(fs: Any) -> Any:
 
 def _protocol(fs: Any) -> str:
     return str(fs.protocol if isinstance(fs.protocol, str) else fs.protocol[0])
+
+
+def _what(path: str) -> str:
+    """What a store path is, for messages: ``" (the commit record of FP)"``, or ``""``."""
+    parts = path.strip("/").split("/")
+    if not parts[0]:
+        return " (the root)"
+    if len(parts) == 2 and parts[1] == fmt.COMMIT_NAME:
+        return f" (the commit record of {parts[0]})"
+    if len(parts) == 4 and parts[1] == "runs":
+        kind = {fmt.MANIFEST_NAME: "manifest", fmt.INDEX_NAME: "block index"}.get(parts[3])
+        return f" (the {kind or 'shard ' + parts[3]} of {parts[0]})"
+    return ""
 
 
 class _SpooledUpload:
@@ -120,8 +142,10 @@ class _SpooledUpload:
 class FsspecStore(Store):
     """A store on any fsspec filesystem: GCS, S3, memory, HDFS, and wrappers around them.
 
-    Operations retry transient failures under ``retry``; other failures raise
-    :class:`StoreError` naming the URL (a missing file stays ``FileNotFoundError``).
+    Operations retry transient failures under ``retry``, each operation within its ``timeout``
+    (after which :class:`~snapstore.errors.StoreTimeoutError` names the URL, the endpoint and the
+    seconds waited); other failures raise :class:`StoreError` naming the URL (a missing file
+    stays ``FileNotFoundError``).
     :meth:`open_write` spools locally and uploads whole on close, so an upload can be retried.
     Listings are never served from fsspec's listings cache (other processes make it stale).
     ``atomic_create`` says whether the protocol of the filesystem holding the data is in
@@ -134,7 +158,10 @@ class FsspecStore(Store):
     root : str
         The root path inside ``fs`` (no protocol), e.g. ``"bucket/snaps"``.
     retry : RetryPolicy, optional
-        How transient failures are retried; default ``RetryPolicy()``.
+        How transient failures are retried, and how long one operation may take; default
+        ``RetryPolicy()`` (60 s, or ``$SNAPSTORE_STORE_TIMEOUT``). The filesystem's own
+        connect and read timeouts are set by :func:`~snapstore.storage.store.open_store`;
+        given a filesystem made elsewhere, set them there.
     """
 
     def __init__(self, fs: Any, root: str, *, retry: RetryPolicy | None = None) -> None:
@@ -151,21 +178,46 @@ class FsspecStore(Store):
         self.atomic_create = self.protocol in ATOMIC_CREATE_PROTOCOLS and (
             self.protocol not in _WEBHDFS or self._create_on_service
         )
+        self._watched = protocol not in _IN_PROCESS  # a wrapper may hang: it is watched
+        self._silence = Silence()
+
+    @property
+    def endpoint(self) -> str:
+        """The service requests go to (``http://host:port``), for messages."""
+        return endpoint_of(_innermost(self.fs), self.protocol)
 
     def _path(self, path: str) -> str:
         return f"{self.root}/{path}"
 
-    def _call(self, op: str, path: str, fn: Callable[[], T], *, write: bool = False) -> T:
-        """``fn()``, with transient failures retried and the rest translated."""
+    def _call(
+        self, op: str, path: str, fn: Callable[[], T], *, write: bool = False, nbytes: int = 0
+    ) -> T:
+        """``fn()``, with transient failures retried within the deadline (of ``nbytes`` moved)
+        and the rest translated; at once a StoreTimeoutError while the store is silent."""
+        deadline = Deadline(self.retry.timeout, nbytes)
+        if self._silence.recent(self.retry.timeout) is not None:
+            raise self._timeout_error(op, path, deadline, 0, None)
         for attempt in itertools.count(1):
+            started = time.monotonic()
             try:
-                return fn()
+                limit = deadline.remaining() if self._watched else None
+                result = call_with_deadline(fn, limit, partial(self._silence.since, started))
+                self._silence.clear()
+                return result
+            except TryAbandoned:
+                raise self._timeout_error(op, path, deadline, attempt, None) from None
             except Exception as exc:
                 kind = classify_failure(exc)
                 if kind == "transient" and attempt < self.retry.attempts:
-                    log.debug("retry %d of %s %s after %r", attempt, op, self.join(path), exc)
-                    time.sleep(self.retry.backoff(attempt))
-                    continue
+                    wait = self.retry.backoff(attempt)
+                    if deadline.allows(wait):
+                        self._log_retry(op, path, attempt, exc, deadline)
+                        time.sleep(wait)
+                        continue
+                if kind == "transient" and (is_timeout(exc) or not deadline.allows(0.0)):
+                    raise self._timeout_error(op, path, deadline, attempt, exc) from exc
+                if kind != "transient":
+                    self._silence.clear()  # an answer, if not the one hoped for
                 if kind is None or kind == "exists":
                     raise
                 if kind == "missing" and (write or no_such_bucket(exc)):
@@ -189,6 +241,45 @@ class FsspecStore(Store):
         err = StoreError(f"cannot {op} {self.join(path)}: {detail}; {hint}")
         err.errno = getattr(exc, "errno", None) or KIND_ERRNOS.get(kind)
         return err
+
+    def _timeout_error(
+        self, op: str, path: str, deadline: Deadline, tries: int, exc: BaseException | None
+    ) -> StoreTimeoutError:
+        """The error of an operation that got no answer, which makes the store silent; or,
+        with ``tries`` 0, of one not tried because the store is silent."""
+        waited, ago = deadline.elapsed(), self._silence.recent(self.retry.timeout)
+        if tries == 0:  # the time the store's last operation waited, not this one's 0 s
+            waited = self._silence.waited
+            how = f"by another operation {ago or 0:.1f} s ago; this one was not sent"
+        else:
+            last = f"; the last try: {type(exc).__name__}" if exc is not None else ""
+            plural = "try" if tries == 1 else "tries"
+            how = f"{tries} {plural}, {deadline.describe()}{last}"
+            self._silence.mark(waited)
+        err = StoreTimeoutError(
+            f"cannot {op} {self.join(path)}{_what(path)}: no answer from {self.endpoint} in "
+            f"{waited:.1f} s ({how}); check the network and the endpoint's host and port (a "
+            "firewall that drops packets, or a wrong port behind a proxy, looks like this), or "
+            f"allow longer with {STORE_TIMEOUT_ENV}=SECONDS, RetryPolicy(timeout=SECONDS) or "
+            "the CLI's --store-timeout",
+            endpoint=self.endpoint,
+            waited=waited,
+        )
+        err.errno = errno.ETIMEDOUT
+        return err
+
+    def _log_retry(
+        self, op: str, path: str, attempt: int, exc: BaseException, deadline: Deadline
+    ) -> None:
+        # A store that stops answering is said while it is waited for, not only at the end.
+        if not is_timeout(exc):
+            log.debug("retry %d of %s %s after %r", attempt, op, self.join(path), exc)
+            return
+        log.warning(
+            "snapstore: no answer from %s to %s %s after %.1f s (%s); trying again (%s)",
+            self.endpoint, op, self.join(path), deadline.elapsed(), type(exc).__name__,
+            deadline.describe(),
+        )  # fmt: skip
 
     def _forget(self, target: str) -> None:
         self.fs.invalidate_cache(target)  # another process may have written since
@@ -215,7 +306,7 @@ class FsspecStore(Store):
                     return b""
                 raise
 
-        return self._call("read", path, fetch)
+        return self._call("read", path, fetch, nbytes=length)
 
     def exists(self, path: str) -> bool:
         return self._info(path) is not None
@@ -278,7 +369,8 @@ class FsspecStore(Store):
         self._warn_if_unsafe()
         self._makedirs(path)
         if isinstance(source, bytes):
-            self._call("write", path, lambda: self.fs.pipe_file(target, source), write=True)
+            pipe = lambda: self.fs.pipe_file(target, source)  # noqa: E731
+            self._call("write", path, pipe, write=True, nbytes=len(source))
             return
         # The driver opens the spool by name: /dev/fd/N reopens the unnamed file (POSIX).
         name = f"/dev/fd/{source.fileno()}" if os.path.isdir("/dev/fd") else source.name
@@ -287,7 +379,8 @@ class FsspecStore(Store):
             source.seek(0)  # on macOS, /dev/fd/N shares this file's offset
             self.fs.put_file(name, target)
 
-        self._call("write", path, put, write=True)
+        size = os.fstat(source.fileno()).st_size
+        self._call("write", path, put, write=True, nbytes=size)
 
     def _makedirs(self, path: str) -> None:
         if self.protocol not in _OBJECT_STORES:

@@ -3,24 +3,30 @@
 :func:`classify` sorts an exception from an fsspec driver (gcsfs, s3fs, aiohttp, botocore,
 requests, WebHDFS' RemoteException, plain ``OSError``) into transient (timeouts, resets, HTTP
 408/429/5xx, a NameNode in safe mode: try again) or a permanent kind (permission, credentials,
-missing bucket, quota, no space: report at once); :class:`RetryPolicy` says how many times and
-how long to wait.
+missing bucket, quota, no space: report at once); :class:`RetryPolicy` says how many times,
+how long to wait between tries, and how long one operation may take in all (its ``timeout``:
+see :mod:`snapstore.storage.deadline` for how it is kept).
 """
 
 from __future__ import annotations
 
 import errno
+import math
+import os
 import random
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from ..errors import StoreError
 
 __all__ = [
+    "DEFAULT_STORE_TIMEOUT",
     "KIND_ERRNOS",
     "KIND_HINTS",
+    "STORE_TIMEOUT_ENV",
     "RetryPolicy",
     "classify_failure",
     "http_status",
+    "is_timeout",
     "no_such_bucket",
     "vanished_error",
 ]
@@ -43,6 +49,14 @@ _TRANSIENT_TYPES = {
     "requests.exceptions.Timeout",
     "requests.exceptions.ChunkedEncodingError",
     "gcsfs.retry.ChecksumError",  # a download garbled on the way: fetch it again
+}
+# Failures that mean "no answer in time" (a subset of the transient ones). asyncio's, aiohttp's
+# ServerTimeoutError and fsspec's FSTimeoutError are builtin TimeoutErrors.
+_TIMEOUT_TYPES = {
+    "botocore.exceptions.ReadTimeoutError",
+    "botocore.exceptions.ConnectTimeoutError",
+    "requests.exceptions.Timeout",  # ReadTimeout, ConnectTimeout
+    "urllib3.exceptions.TimeoutError",
 }
 _CREDENTIAL_TYPES = {
     "botocore.exceptions.NoCredentialsError",
@@ -141,18 +155,77 @@ def classify_failure(exc: BaseException) -> str | None:
     return None
 
 
+def is_timeout(exc: BaseException) -> bool:
+    """Whether a failure says that the store did not answer in time (connect or read timeout)."""
+    if isinstance(exc, TimeoutError):
+        return True
+    if isinstance(exc, OSError) and exc.errno == errno.ETIMEDOUT:
+        return True
+    names = {f"{k.__module__}.{k.__qualname__}" for k in type(exc).__mro__}
+    return bool(names & _TIMEOUT_TYPES)
+
+
 def no_such_bucket(exc: BaseException) -> bool:
     """Whether a "not found" is about the bucket (s3fs says so; gcsfs cannot tell)."""
     text = f"{exc} {exc.__cause__}"
     return "NoSuchBucket" in text or "specified bucket does not exist" in text
 
 
+STORE_TIMEOUT_ENV = "SNAPSTORE_STORE_TIMEOUT"
+"""The environment variable that sets :attr:`RetryPolicy.timeout` where none is given: seconds
+(``30``, ``120.5``), or ``none`` to wait without end."""
+
+# About a minute: a bucket answers in milliseconds and its clients' own retries of a 429 or 5xx
+# take seconds, so a store silent this long is unreachable (a firewall dropping packets, a
+# wrong port behind a proxy), and a training job learns it while someone still watches it.
+DEFAULT_STORE_TIMEOUT = 60.0
+
+
+def _finite_seconds(value: object) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def _timeout_from_env() -> float | None:
+    """``$SNAPSTORE_STORE_TIMEOUT`` in seconds (None for ``none``), else the default of 60.
+
+    Raises
+    ------
+    ValueError
+        If the variable holds neither a number of seconds > 0 nor ``none``.
+    """
+    text = os.environ.get(STORE_TIMEOUT_ENV, "").strip()
+    if not text:
+        return DEFAULT_STORE_TIMEOUT
+    if text.lower() == "none":
+        return None
+    try:
+        seconds = float(text)
+    except ValueError:
+        seconds = -1.0
+    if not (math.isfinite(seconds) and seconds > 0):
+        raise ValueError(
+            f"{STORE_TIMEOUT_ENV}={text!r}: expected the seconds one store operation may take "
+            "(e.g. 60 or 120.5), or 'none' to wait without end"
+        )
+    return seconds
+
+
 @dataclass(frozen=True)
 class RetryPolicy:
-    """How :class:`FsspecStore` retries a transient failure: bounded exponential backoff with
-    full jitter. Before retry ``k`` (1, 2, ...) it sleeps a uniformly random time in
-    ``[0, min(cap, base * 2**(k - 1))]``, so that clients retrying after one hiccup spread out;
-    with the defaults all retries together wait at most 0.05 + 0.1 + 0.2 = 0.35 s.
+    """How :class:`FsspecStore` retries a transient failure, and how long one operation may take.
+
+    Retries use bounded exponential backoff with full jitter. Before retry ``k`` (1, 2, ...) it
+    sleeps a uniformly random time in ``[0, min(cap, base * 2**(k - 1))]``, so that clients
+    retrying after one hiccup spread out; with the defaults all retries together wait at most
+    0.05 + 0.1 + 0.2 = 0.35 s.
+
+    Every operation (a read, a listing, an upload, a commit), its retries included, ends within
+    ``timeout`` seconds: a store that does not answer raises
+    :class:`~snapstore.errors.StoreTimeoutError` naming the URL, the endpoint, the operation and
+    the seconds waited. The clients' own connect and read timeouts are derived from it when the
+    store is opened (see :mod:`snapstore.storage.deadline`); a transfer gets at least the time to
+    move its bytes at 1 MiB/s (a 256 MiB shard: 256 s), so that an upload over a slow link is not
+    cut.
 
     Parameters
     ----------
@@ -165,16 +238,28 @@ class RetryPolicy:
         Seconds (at most) before the first retry: 0.05, about a round trip to a bucket nearby.
     cap : float
         The most seconds one wait can take: 2.
+    timeout : float or None
+        The most seconds one operation may wait for the store, its retries included; None waits
+        without end. Default: ``$SNAPSTORE_STORE_TIMEOUT`` (seconds, or ``none``), else 60 (see
+        :data:`DEFAULT_STORE_TIMEOUT`). Read when the policy is made, so a policy carried to a
+        worker process keeps its parent's value.
 
     Raises
     ------
     ValueError
-        If a setting is out of range.
+        If a setting is out of range (or ``$SNAPSTORE_STORE_TIMEOUT`` is not a number of
+        seconds > 0 or ``none``).
+
+    Examples
+    --------
+    >>> store = snapstore.open_store("gs://bucket/snaps", retry=RetryPolicy(timeout=300))
+    ... # doctest: +SKIP
     """
 
     attempts: int = 4
     base: float = 0.05
     cap: float = 2.0
+    timeout: float | None = field(default_factory=_timeout_from_env)
 
     def __post_init__(self) -> None:
         if type(self.attempts) is not int or self.attempts < 1:
@@ -183,6 +268,11 @@ class RetryPolicy:
             value = getattr(self, name)
             if not isinstance(value, int | float) or not 0 <= value < float("inf"):
                 raise ValueError(f"{name} must be a finite number of seconds >= 0, got {value!r}")
+        if self.timeout is not None and not (_finite_seconds(self.timeout) and self.timeout > 0):
+            raise ValueError(
+                f"timeout must be a finite number of seconds > 0 (or None: no deadline), got "
+                f"{self.timeout!r}"
+            )
 
     def backoff(self, retry: int) -> float:
         """Seconds to wait before retry number ``retry`` (1 for the first)."""

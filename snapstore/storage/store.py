@@ -25,6 +25,7 @@ from typing import Any
 
 from ..errors import StoreError
 from .base import Store
+from .deadline import client_options
 from .fsspec_store import ATOMIC_CREATE_PROTOCOLS, FsspecStore
 from .local import LocalStore
 from .retry import RetryPolicy
@@ -76,11 +77,15 @@ def open_store(
         :class:`FsspecStore`, ``webhdfs://`` and ``swebhdfs://`` a
         :class:`~snapstore.storage.webhdfs.WebHDFSStore`. None means :func:`default_root`.
     retry : RetryPolicy, optional
-        How an FsspecStore retries transient failures; ignored for local roots, which do not
-        retry.
+        How an FsspecStore retries transient failures and how long one operation may take
+        (``timeout``: 60 s, or ``$SNAPSTORE_STORE_TIMEOUT``); ignored for local roots, which
+        do not retry.
     **storage_options
         Passed to the fsspec filesystem (``endpoint_url=``, ``token=``, ``key=``...), or to
-        :class:`LocalStore` for a local root (``fsync=``).
+        :class:`LocalStore` for a local root (``fsync=``). For GCS, S3 and WebHDFS the
+        client's connect and read timeouts are added from ``retry.timeout`` unless given here
+        (gcsfs ``requests_timeout``, s3fs ``config_kwargs`` ``connect_timeout`` and
+        ``read_timeout``, WebHDFS ``timeout``); see :mod:`snapstore.storage.deadline`.
 
     Raises
     ------
@@ -116,16 +121,18 @@ def open_store(
         return getattr(importlib.import_module(module), opener)(  # type: ignore[no-any-return]
             text, retry=retry, **storage_options
         )
+    policy = retry if retry is not None else RetryPolicy()
     try:
+        options = client_options(protocol, storage_options, policy.timeout)
         if protocol in ("gs", "gcs") and _gcs_endpoint(storage_options):
             import gcsfs.core  # type: ignore[import-untyped]
 
-            fs: Any = gcsfs.core.GCSFileSystem(**storage_options)
+            fs: Any = gcsfs.core.GCSFileSystem(**options)
             path = fs._strip_protocol(text)
         else:
             import fsspec
 
-            fs, path = fsspec.core.url_to_fs(text, **storage_options)
+            fs, path = fsspec.core.url_to_fs(text, **options)
     except ImportError as exc:
         extra = _EXTRAS.get(protocol)
         install = (
@@ -138,7 +145,7 @@ def open_store(
         raise StoreError(
             f"cannot open store {text!r}: {exc}; check the URL and the storage options"
         ) from exc
-    store = FsspecStore(fs, path, retry=retry)
+    store = FsspecStore(fs, path, retry=policy)
     store.url = text.rstrip("/")  # as given, host included (webhdfs://namenode:9870/snaps)
     return store
 

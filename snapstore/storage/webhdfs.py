@@ -22,7 +22,10 @@ Errors: the NameNode's and the DataNode's error JSON names a Java exception
 :mod:`snapstore.storage.retry` sorts: safe mode, a standby NameNode and ``RetriableException`` are
 retried, quotas and permissions reported with what to check. The ``requests`` session is
 shared by the prefetcher's threads; its connection pool holds 64 connections per host (the
-prefetcher's most requests in flight) so that none is opened and dropped per request.
+prefetcher's most requests in flight) so that none is opened and dropped per request. Every
+request it sends, fsspec's own included, has the ``timeout=(connect, read)`` of the storage
+options (set by :func:`open_webhdfs` from the retry policy's deadline; ``requests`` waits
+forever without one).
 """
 
 from __future__ import annotations
@@ -33,9 +36,11 @@ import time
 from typing import Any
 from urllib.parse import quote
 
+import requests.adapters
 from fsspec.implementations.webhdfs import WebHDFS
 
 from ..errors import StoreError
+from .deadline import client_options
 from .retry import RetryPolicy, vanished_error
 from .store import FsspecStore
 
@@ -99,19 +104,36 @@ def _check(response: Any) -> Any:
     return response
 
 
+class _TimeoutAdapter(requests.adapters.HTTPAdapter):
+    """A ``requests`` adapter that sends with ``timeout`` (seconds, or ``(connect, read)``)
+    every request that names none: fsspec's WebHDFS names none."""
+
+    def __init__(self, timeout: Any, **kwargs: Any) -> None:
+        self.timeout = timeout
+        super().__init__(**kwargs)
+
+    def send(self, request: Any, *args: Any, **kwargs: Any) -> Any:
+        if kwargs.get("timeout") is None:
+            kwargs["timeout"] = self.timeout
+        return super().send(request, *args, **kwargs)
+
+
 class _WebHDFS(WebHDFS):  # type: ignore[misc]
     """fsspec's WebHDFS with the NameNode's exception names kept in its errors (fsspec turns
-    most into a bare ``RuntimeError(message)``) and a connection pool for many threads."""
+    most into a bare ``RuntimeError(message)``), a connection pool for many threads, and a
+    ``timeout`` option (seconds, or ``(connect, read)``) for every request it sends."""
 
     protocol = _PROTOCOLS
 
-    def _connect(self) -> None:
-        import requests.adapters
+    def __init__(self, *args: Any, timeout: Any = None, **kwargs: Any) -> None:
+        self.request_timeout = tuple(timeout) if isinstance(timeout, list) else timeout
+        super().__init__(*args, **kwargs)
 
+    def _connect(self) -> None:
         super()._connect()
         # A pool per host (the NameNode and every DataNode reads are redirected to), each of
         # _POOL connections: with fewer host pools than DataNodes, pools are evicted and closed.
-        adapter = requests.adapters.HTTPAdapter(pool_connections=_POOL, pool_maxsize=_POOL)
+        adapter = _TimeoutAdapter(self.request_timeout, pool_connections=_POOL, pool_maxsize=_POOL)
         self.session.mount("http://", adapter)
         self.session.mount("https://", adapter)
 
@@ -257,9 +279,12 @@ def open_webhdfs(url: str, *, retry: RetryPolicy | None = None, **options: Any) 
         ``webhdfs://namenode:9870/path`` (``swebhdfs://``: HTTPS). A user in the URL
         (``webhdfs://alice@namenode:9870/path``) is the ``user.name`` sent to the NameNode.
     retry : RetryPolicy, optional
-        How transient failures (safe mode, a standby NameNode, resets) are retried.
+        How transient failures (safe mode, a standby NameNode, resets) are retried, and how
+        long one operation may take (``timeout``).
     **options
-        fsspec ``WebHDFS`` options (``user=``, ``kerberos=``, ``token=``, ``data_proxy=``...).
+        fsspec ``WebHDFS`` options (``user=``, ``kerberos=``, ``token=``, ``data_proxy=``...),
+        and ``timeout=`` (seconds, or ``(connect, read)``) for each HTTP request: by default a
+        sixth and a half of ``retry.timeout`` (10 s and 30 s).
 
     Returns
     -------
@@ -271,8 +296,10 @@ def open_webhdfs(url: str, *, retry: RetryPolicy | None = None, **options: Any) 
         If the URL or the options are invalid.
     """
     protocol = url.split("://", 1)[0].lower()
+    policy = retry if retry is not None else RetryPolicy()
     try:
         kwargs = {**_WebHDFS._get_kwargs_from_urls(url), **options}
+        kwargs = client_options(protocol, kwargs, policy.timeout)
         kwargs.setdefault("use_https", protocol == "swebhdfs")
         fs = _WebHDFS(**kwargs)
     except (ValueError, TypeError, KeyError) as exc:
@@ -280,7 +307,7 @@ def open_webhdfs(url: str, *, retry: RetryPolicy | None = None, **options: Any) 
             f"cannot open store {url!r}: {exc}; check the URL (webhdfs://namenode:9870/path) "
             "and the storage options"
         ) from exc
-    store = WebHDFSStore(fs, _WebHDFS._strip_protocol(url), retry=retry)
+    store = WebHDFSStore(fs, _WebHDFS._strip_protocol(url), retry=policy)
     store.url = url.rstrip("/")
     store.protocol = protocol
     return store
