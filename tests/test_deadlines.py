@@ -8,6 +8,7 @@ test that did hang would be stopped by faulthandler_timeout."""
 
 from __future__ import annotations
 
+import asyncio
 import errno
 import multiprocessing
 import pickle
@@ -376,6 +377,27 @@ def test_an_upload_to_a_blackhole_ends(kind: str, blackhole: Blackhole) -> None:
     store = open_store(url, retry=RetryPolicy(timeout=SHORT), **options)
     with pytest.raises(StoreTimeoutError, match=r"cannot write .*/blob: no answer from"):
         store.write_bytes("blob", bytes(2 << 20))
+
+
+@pytest.mark.parametrize("kind", ["gcs", "s3"])
+def test_a_read_given_up_is_cancelled_on_the_drivers_loop(kind: str, blackhole: Blackhole) -> None:
+    # gcsfs and s3fs reads run as coroutines on fsspec's loop: given up, nothing stays running.
+    url, options = blackhole_root(kind, blackhole)
+    store = open_store(url, retry=RetryPolicy(timeout=SHORT), **options)
+    assert isinstance(store, FsspecStore) and store._on_loop
+    with pytest.raises(StoreTimeoutError, match="cannot read"):
+        store.read_range("shard", 0, 4096)
+
+    async def reads_running() -> list[str]:
+        await asyncio.sleep(0.1)  # let the cancellation run
+        return [
+            repr(t.get_coro())
+            for t in asyncio.all_tasks()
+            if "_DriverCall.coroutine" in repr(t.get_coro())
+        ]
+
+    loop = store.fs.loop
+    assert asyncio.run_coroutine_threadsafe(reads_running(), loop).result(timeout=30) == []
 
 
 def test_the_deadline_travels_to_worker_processes(blackhole: Blackhole) -> None:

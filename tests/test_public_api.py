@@ -189,6 +189,7 @@ MODULE_ALL = {
         "SLOWEST_RATE",
         "Silence",
         "TryAbandoned",
+        "await_with_deadline",
         "call_with_deadline",
         "client_options",
         "client_timeouts",

@@ -14,7 +14,10 @@ behind a proxy) is bounded in layers, the first two as users of gcsfs and s3fs e
 2. **A total budget per operation**, kept by
    :class:`~snapstore.storage.fsspec_store.FsspecStore` through :class:`Deadline` and
    :func:`call_with_deadline`: no retry starts once it is spent, and each try runs on a helper
-   thread that is left behind when the budget runs out. A transfer gets at least the time to
+   thread that is left behind when the budget runs out (reads, stats and listings of gcsfs and
+   s3fs, the frequent calls, run their coroutine on the driver's event loop instead, through
+   :func:`await_with_deadline`, and are cancelled there: no thread hop, nothing left running).
+   A transfer gets at least the time to
    move its bytes at :data:`SLOWEST_RATE` (a 256 MiB shard: 256 s). That ends what no client
    timeout covers: an upload to a server that stopped reading (aiohttp has no write timeout),
    gcsfs' six tries of one request (over two minutes at 30 s each), a hung event loop. A try
@@ -32,10 +35,12 @@ endpoint, the operation and the seconds waited.
 
 from __future__ import annotations
 
+import asyncio
+import concurrent.futures
 import contextvars
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
 from typing import Any, TypeVar
 
 __all__ = [
@@ -43,6 +48,7 @@ __all__ = [
     "Deadline",
     "Silence",
     "TryAbandoned",
+    "await_with_deadline",
     "call_with_deadline",
     "client_options",
     "client_timeouts",
@@ -174,6 +180,28 @@ def call_with_deadline(
     if ok:
         return value  # type: ignore[no-any-return]
     raise value
+
+
+def await_with_deadline(
+    loop: asyncio.AbstractEventLoop,
+    make: Callable[[], Coroutine[Any, Any, T]],
+    seconds: float | None,
+    stop: Callable[[], bool] | None = None,
+) -> T:
+    """The result of the coroutine ``make()`` run on ``loop`` (an async fsspec driver's, from
+    another thread, as fsspec's ``sync`` runs it), or :class:`TryAbandoned` once ``seconds``
+    have passed, or ``stop()`` says to stop waiting: the coroutine is then cancelled on its
+    loop (its request closed), not left running."""
+    future = asyncio.run_coroutine_threadsafe(make(), loop)
+    end = None if seconds is None else time.monotonic() + seconds
+    while True:
+        left = _POLL_SECONDS if end is None else max(0.0, end - time.monotonic())
+        done, _ = concurrent.futures.wait([future], timeout=min(_POLL_SECONDS, left))
+        if done:
+            return future.result()
+        if (end is not None and time.monotonic() >= end) or (stop is not None and stop()):
+            future.cancel()
+            raise TryAbandoned(f"no answer in {seconds:.1f} s")
 
 
 def client_timeouts(timeout: float) -> tuple[float, float]:

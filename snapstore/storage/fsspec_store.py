@@ -23,13 +23,22 @@ import threading
 import time
 from collections.abc import Callable
 from functools import partial
-from typing import IO, Any, TypeVar
+from typing import IO, Any, TypeVar, cast
+
+from fsspec.asyn import AsyncFileSystem
 
 from ..errors import StoreError, StoreTimeoutError
 from ..format import layout as fmt
 from ..oldpaths import historic_name
 from .base import Store
-from .deadline import Deadline, Silence, TryAbandoned, call_with_deadline, endpoint_of
+from .deadline import (
+    Deadline,
+    Silence,
+    TryAbandoned,
+    await_with_deadline,
+    call_with_deadline,
+    endpoint_of,
+)
 from .local import OS_ERROR_HINTS, translated
 from .retry import (
     KIND_ERRNOS,
@@ -81,6 +90,48 @@ def _innermost(fs: Any) -> Any:
 
 def _protocol(fs: Any) -> str:
     return str(fs.protocol if isinstance(fs.protocol, str) else fs.protocol[0])
+
+
+def _past_end(exc: BaseException) -> bool:
+    """Whether a range read failed for starting past the end (HTTP 416; s3fs: EINVAL)."""
+    names = {f"{k.__module__}.{k.__qualname__}" for k in type(exc).__mro__}
+    s3_416 = isinstance(exc, OSError) and exc.errno == errno.EINVAL
+    return http_status(exc, names) == 416 or (s3_416 and "range" in str(exc).lower())
+
+
+class _DriverCall:
+    """``fs.<name>(*args, **kwargs)``, a call of the driver that :meth:`FsspecStore._call` runs
+    as the coroutine ``fs._<name>`` on the driver's event loop where it has one (gcsfs, s3fs),
+    so that a deadline cancels it there; else on a helper thread. With ``empty_past_end``, a
+    range past the end reads as empty, as a local slice does; ``before`` runs before each try
+    (a spool rewound)."""
+
+    def __init__(
+        self, fs: Any, name: str, *args: Any, empty_past_end: bool = False,
+        before: Callable[[], object] | None = None, **kw: Any,
+    ) -> None:  # fmt: skip
+        self.fs, self.name, self.args, self.kwargs = fs, name, args, kw
+        self.empty_past_end, self.before = empty_past_end, before
+
+    def __call__(self) -> Any:
+        if self.before is not None:
+            self.before()
+        try:
+            return getattr(self.fs, self.name)(*self.args, **self.kwargs)
+        except Exception as exc:
+            if self.empty_past_end and _past_end(exc):
+                return b""
+            raise
+
+    async def coroutine(self) -> Any:
+        if self.before is not None:
+            self.before()
+        try:
+            return await getattr(self.fs, f"_{self.name}")(*self.args, **self.kwargs)
+        except Exception as exc:
+            if self.empty_past_end and _past_end(exc):
+                return b""
+            raise
 
 
 def _what(path: str) -> str:
@@ -180,6 +231,8 @@ class FsspecStore(Store):
         )
         self._watched = protocol not in _IN_PROCESS  # a wrapper may hang: it is watched
         self._silence = Silence()
+        # gcsfs and s3fs used directly: calls of the driver run on its event loop.
+        self._on_loop = isinstance(fs, AsyncFileSystem) and not fs.asynchronous
 
     @property
     def endpoint(self) -> str:
@@ -198,10 +251,13 @@ class FsspecStore(Store):
         if self._silence.recent(self.retry.timeout) is not None:
             raise self._timeout_error(op, path, deadline, 0, None)
         for attempt in itertools.count(1):
-            started = time.monotonic()
+            stop = partial(self._silence.since, time.monotonic())
             try:
                 limit = deadline.remaining() if self._watched else None
-                result = call_with_deadline(fn, limit, partial(self._silence.since, started))
+                if self._on_loop and isinstance(fn, _DriverCall):
+                    result = cast(T, await_with_deadline(self.fs.loop, fn.coroutine, limit, stop))
+                else:
+                    result = call_with_deadline(fn, limit, stop)
                 self._silence.clear()
                 return result
             except TryAbandoned:
@@ -287,25 +343,15 @@ class FsspecStore(Store):
     # -- reads ---------------------------------------------------------------------------------
 
     def read_bytes(self, path: str) -> bytes:
-        target = self._path(path)
-        data = self._call("read", path, lambda: self.fs.cat_file(target))
+        data = self._call("read", path, _DriverCall(self.fs, "cat_file", self._path(path)))
         return bytes(data)
 
     def read_range(self, path: str, start: int, length: int) -> Any:
         if length <= 0:
             return b""  # no request (S3 refuses an empty range)
-        target = self._path(path)
-
-        def fetch() -> Any:
-            try:  # one request; keywords, since s3fs' third positional parameter is version_id
-                return self.fs.cat_file(target, start=start, end=start + length)
-            except Exception as exc:  # a range past the end is empty, as a local slice is
-                names = {f"{k.__module__}.{k.__qualname__}" for k in type(exc).__mro__}
-                s3_416 = isinstance(exc, OSError) and exc.errno == errno.EINVAL
-                if http_status(exc, names) == 416 or (s3_416 and "range" in str(exc).lower()):
-                    return b""
-                raise
-
+        # One request; keywords, since s3fs' third positional parameter is version_id.
+        fetch = _DriverCall(self.fs, "cat_file", self._path(path), start=start,
+                            end=start + length, empty_past_end=True)  # fmt: skip
         return self._call("read", path, fetch, nbytes=length)
 
     def exists(self, path: str) -> bool:
@@ -319,14 +365,14 @@ class FsspecStore(Store):
         target = self._path(path)
         self._forget(target)
         with contextlib.suppress(FileNotFoundError):
-            return dict(self._call("stat", path, lambda: self.fs.info(target)))
+            return dict(self._call("stat", path, _DriverCall(self.fs, "info", target)))
         return None
 
     def list_dir(self, path: str) -> list[str]:
         target = self._path(path)
         self._forget(target)
         try:
-            entries = self._call("list", path, lambda: self.fs.ls(target, detail=False))
+            entries = self._call("list", path, _DriverCall(self.fs, "ls", target, detail=False))
         except (FileNotFoundError, NotADirectoryError):
             return []
         names = sorted({str(e).rstrip("/").rsplit("/", 1)[-1] for e in entries})
@@ -334,7 +380,7 @@ class FsspecStore(Store):
 
     def size(self, path: str) -> int:
         target = self._path(path)
-        return int(self._call("stat", path, lambda: self.fs.size(target)))
+        return int(self._call("stat", path, _DriverCall(self.fs, "size", target)))
 
     def list_tree(self, path: str, prefix: str = "") -> dict[str, int]:
         target = self._path(path).rstrip("/")
@@ -369,16 +415,13 @@ class FsspecStore(Store):
         self._warn_if_unsafe()
         self._makedirs(path)
         if isinstance(source, bytes):
-            pipe = lambda: self.fs.pipe_file(target, source)  # noqa: E731
+            pipe = _DriverCall(self.fs, "pipe_file", target, source)
             self._call("write", path, pipe, write=True, nbytes=len(source))
             return
-        # The driver opens the spool by name: /dev/fd/N reopens the unnamed file (POSIX).
+        # The driver opens the spool by name: /dev/fd/N reopens the unnamed file (POSIX); on
+        # macOS it shares this file's offset, so it is rewound before each try.
         name = f"/dev/fd/{source.fileno()}" if os.path.isdir("/dev/fd") else source.name
-
-        def put() -> None:
-            source.seek(0)  # on macOS, /dev/fd/N shares this file's offset
-            self.fs.put_file(name, target)
-
+        put = _DriverCall(self.fs, "put_file", name, target, before=lambda: source.seek(0))
         size = os.fstat(source.fileno()).st_size
         self._call("write", path, put, write=True, nbytes=size)
 
@@ -394,10 +437,10 @@ class FsspecStore(Store):
         self._makedirs(path)
         for _ in range(self.retry.attempts):
             with contextlib.suppress(FileExistsError):
-                self._call("commit", path, lambda: self._create(target, data), write=True)
+                self._call("commit", path, self._creator(target, data), write=True)
                 return True
             try:
-                existing = self._call("read", path, lambda: self.fs.cat_file(target))
+                existing = self._call("read", path, _DriverCall(self.fs, "cat_file", target))
             except FileNotFoundError:
                 continue  # removed since (snapstore rm): try again
             # A create whose response was lost and that was tried again (here or inside the
@@ -405,6 +448,11 @@ class FsspecStore(Store):
             # writer (a run, a claim's owner), so no other writer's record is equal.
             return bytes(existing) == data
         raise vanished_error(self.join(path))
+
+    def _creator(self, target: str, data: bytes) -> Callable[[], None]:
+        if self._create_on_service:  # the service refuses a second one
+            return _DriverCall(self.fs, "pipe_file", target, data, mode="create")
+        return lambda: self._create(target, data)
 
     def _create(self, target: str, data: bytes) -> None:
         if self.protocol in ("file", "local"):
@@ -417,8 +465,6 @@ class FsspecStore(Store):
                 with contextlib.suppress(OSError):
                     self.fs.rm_file(target)  # no partial record
                 raise
-        elif self._create_on_service:
-            self.fs.pipe_file(target, data, mode="create")  # the service refuses a second one
         else:
             # memory: one process, where the lock makes its check-then-write atomic. Others
             # (hdfs://): atomic among this process's threads only; _warn_if_unsafe said so.
