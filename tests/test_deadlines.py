@@ -44,6 +44,7 @@ from snapstore.storage.retry import (
     RetryPolicy,
     is_timeout,
 )
+from snapstore.storage.simulate import simulated_store
 from snapstore.storage.store import FsspecStore, open_store
 from snapstore.storage.travel import portable, reopen
 from snapstore.write.writer import WriteOptions
@@ -313,6 +314,9 @@ def test_in_process_filesystems_get_no_helper_thread() -> None:
     assert isinstance(store, FsspecStore) and not store._watched
     store.write_bytes("a", b"x")
     assert store.read_bytes("a") == b"x"
+    # The latency simulator over memory only sleeps; an unknown wrapper may hang.
+    assert not simulated_store(f"memory://deadlines-{uuid.uuid4().hex}", ttfb=0.001)._watched
+    assert FsspecStore(HangingFileSystem(fsspec.filesystem("memory")), "/x")._watched
 
 
 # -- real clients against a blackhole --------------------------------------------------------

@@ -92,6 +92,18 @@ def _protocol(fs: Any) -> str:
     return str(fs.protocol if isinstance(fs.protocol, str) else fs.protocol[0])
 
 
+def _may_hang(fs: Any) -> bool:
+    """Whether a call of ``fs`` may wait on a network: not for a local or memory filesystem,
+    nor wrappers over one that say theirs never do (``snapstore_in_process``)."""
+    for _ in range(8):
+        if _protocol(fs) in _IN_PROCESS:
+            return False
+        if not getattr(type(fs), "snapstore_in_process", False) or not hasattr(fs, "fs"):
+            return True
+        fs = fs.fs
+    return True
+
+
 def _past_end(exc: BaseException) -> bool:
     """Whether a range read failed for starting past the end (HTTP 416; s3fs: EINVAL)."""
     names = {f"{k.__module__}.{k.__qualname__}" for k in type(exc).__mro__}
@@ -229,7 +241,7 @@ class FsspecStore(Store):
         self.atomic_create = self.protocol in ATOMIC_CREATE_PROTOCOLS and (
             self.protocol not in _WEBHDFS or self._create_on_service
         )
-        self._watched = protocol not in _IN_PROCESS  # a wrapper may hang: it is watched
+        self._watched = _may_hang(fs)
         self._silence = Silence()
         # gcsfs and s3fs used directly: calls of the driver run on its event loop.
         self._on_loop = isinstance(fs, AsyncFileSystem) and not fs.asynchronous

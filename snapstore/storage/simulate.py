@@ -182,6 +182,9 @@ class LatencyFileSystem(fsspec.AbstractFileSystem):  # type: ignore[misc]
     """
 
     protocol = "latency"
+    # Its own calls only sleep: over a local or memory filesystem a store's deadline needs no
+    # helper thread (see snapstore.storage.deadline), which would blur the simulated latencies.
+    snapstore_in_process = True
     # Instances differ by their latency settings and hold counters: never hand out a cached one.
     cachable = False
 
