@@ -29,14 +29,30 @@ workers read in each epoch (checked: both loaders deliver the same ids in the sa
 the same 2 workers, batch size and an identity collate. The main process gives every batch
 to the same consumer, :func:`touch`, which copies every byte of every sample.
 
+Before it, workers against no workers (issue 24), both workloads: the dataset with
+``num_workers=0``, with 2 workers as it is (each worker's batches in a pool of shared-memory
+segments recycled across batches), with 2 workers and one new segment per batch (the way before
+the pool, ``SNAPSTORE_POOL_SEGMENTS=0``), and a control: a plain in-memory array (the same data,
+loaded whole) through the same 2 workers (and with none), each batch one fancy index (tokens
+gathered into one buffer, a RaggedList), sent the way torch sends tensors. Every loader has
+persistent workers and a warm-up pass; then 3 rounds, in each 3 consecutive passes of every
+loader in turn, with two consumers: one that only counts samples, one that copies every byte
+(:func:`touch`); neither keeps anything of a batch. Ratios are to the ``num_workers=0`` passes
+of the same round; the table gives their median and range, and the CPU time per batch of the
+main process and the workers together (from /proc, Linux): what workers cost when the cores are
+busy.
+
     python benchmarks/bench_torch.py              # 20,000 images (~245 MB), 100,000 token rows
     python benchmarks/bench_torch.py --samples 4000 --tok-samples 20000
     python benchmarks/bench_torch.py --only memmap    # just the memmap comparison
+    python benchmarks/bench_torch.py --only workers   # just workers against no workers
 """
 
 from __future__ import annotations
 
 import argparse
+import os
+import statistics
 import sys
 import tempfile
 import time
@@ -55,6 +71,7 @@ from torch.utils.data import DataLoader, Dataset, IterableDataset, get_worker_in
 
 import snapstore  # noqa: E402
 from snapstore.torch import RaggedList, SnapshotIterableDataset  # noqa: E402
+from snapstore.torch_pool import POOL_SEGMENTS_ENV  # noqa: E402
 
 Batch = dict[str, Any]
 
@@ -374,17 +391,161 @@ def report_memmap(results: list[dict[str, Any]]) -> None:
         raise SystemExit("snapstore and the memmap dataset read different orders")
 
 
+# -- workers against no workers (issue 24) -----------------------------------------------------
+
+
+class InMemoryArrays(IterableDataset[Batch]):
+    """The control: the workload held whole in numpy arrays; each worker takes its share of a
+    shuffled order, each batch by one fancy index (tokens: the rows gathered into one buffer,
+    sent as a RaggedList), and torch sends the tensors its own way (a new segment each)."""
+
+    def __init__(self, arrays: dict[str, np.ndarray], seed: int) -> None:
+        self.arrays = arrays
+        count = len(arrays["label" if "label" in arrays else "id"])
+        self.order = np.random.default_rng(seed).permutation(count)
+
+    def __iter__(self) -> Iterator[Batch]:
+        info = get_worker_info()
+        batches = [self.order[i : i + BATCH] for i in range(0, len(self.order), BATCH)]
+        mine = batches if info is None else batches[info.id :: info.num_workers]
+        return map(self.batch, mine)
+
+    def batch(self, idx: np.ndarray) -> Batch:
+        if "image" in self.arrays:
+            images, labels = self.arrays["image"], self.arrays["label"]
+            return {"image": torch.from_numpy(images[idx]), "label": torch.from_numpy(labels[idx])}
+        data, offsets, ids = self.arrays["tokens"], self.arrays["offsets"], self.arrays["id"]
+        starts, ends = offsets[idx], offsets[idx + 1]
+        values = np.concatenate([data[a:b] for a, b in zip(starts.tolist(), ends.tolist())])
+        bounds = np.zeros(len(idx) + 1, np.int64)
+        np.cumsum(ends - starts, out=bounds[1:])
+        tokens = RaggedList(torch.from_numpy(values), torch.from_numpy(bounds))
+        return {"tokens": tokens, "id": torch.from_numpy(ids[idx])}
+
+
+def held_arrays(snap: snapstore.Snapshot) -> dict[str, np.ndarray]:
+    """The whole snapshot in memory, in its own order: fixed fields stacked, tokens packed."""
+    batches = list(snap.batches(4096, shuffle=False, ragged="packed"))
+    if "image" in batches[0]:
+        return {k: np.concatenate([b[k] for b in batches]) for k in ("image", "label")}
+    lengths = np.concatenate([np.diff(b["tokens_offsets"]) for b in batches])
+    offsets = np.zeros(len(lengths) + 1, np.int64)
+    np.cumsum(lengths, out=offsets[1:])
+    tokens = np.concatenate([b["tokens"] for b in batches])
+    return {"tokens": tokens, "offsets": offsets, "id": np.concatenate([b["id"] for b in batches])}
+
+
+WORKER_ROWS = {
+    "none0": "snapstore, 0 workers",
+    "pool2": "snapstore, 2 workers, pool",
+    "fresh2": "snapstore, 2 workers, segment per batch",
+    "plain2": "in-memory array, 2 workers",
+    "plain0": "in-memory array, 0 workers",
+}
+
+
+def cpu_seconds(loaded: Any) -> float:
+    """CPU time (user + system, every thread) of this process and the loader's persistent
+    workers so far, from /proc (Linux)."""
+    iterator = getattr(loaded, "_iterator", None)  # DataLoader's own; None before a pass
+    pids = [os.getpid(), *(w.pid for w in getattr(iterator, "_workers", []))]
+    total = 0.0
+    for pid in pids:
+        with open(f"/proc/{pid}/stat") as stat:
+            fields = stat.read().rsplit(")", 1)[1].split()
+        total += (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    return total
+
+
+def passes(loaded: Any, key: str, consumer: str, count: int = 3) -> tuple[float, float]:
+    """``count`` passes in a row (persistent workers: consecutive epochs), the batches given
+    to the consumer (``"count"`` or ``"touch"``) and dropped at once: samples/s, and the CPU
+    milliseconds per batch of all the loader's processes together."""
+    scratch: dict[str, torch.Tensor] = {}
+    cpu = cpu_seconds(loaded)
+    began, samples, batches = time.perf_counter(), 0, 0
+    for _ in range(count):
+        for batch in loaded:
+            if consumer == "touch":
+                touch(batch, scratch)
+            samples += len(batch[key])
+            batches += 1
+    rate = samples / (time.perf_counter() - began)
+    return rate, (cpu_seconds(loaded) - cpu) / batches * 1e3
+
+
+def workers_against_none(snap: snapstore.Snapshot, workload: str, rounds: int = 3) -> Batch:
+    """Samples/s of every WORKER_ROWS loader, per consumer and round (see the module doc)."""
+    key = "label" if workload == "img" else "id"
+    ds = SnapshotIterableDataset(snap.fingerprint, snap.store.url, batch_size=BATCH, seed=5)
+    plain = InMemoryArrays(held_arrays(snap), seed=5)
+    loaders: dict[str, Any] = {}
+    for name in WORKER_ROWS:
+        workers = int(name[-1])
+        extra: dict[str, Any] = {"persistent_workers": True} if workers else {}
+        source = plain if name.startswith("plain") else ds
+        loaders[name] = DataLoader(source, batch_size=None, num_workers=workers, **extra)
+        # The workers start at the first pass and read the setting then: 0 = no pool.
+        os.environ[POOL_SEGMENTS_ENV] = "0" if name == "fresh2" else "8"
+        passes(loaders[name], key, "count", 1)
+    del os.environ[POOL_SEGMENTS_ENV]
+    rates: dict[str, dict[str, list[float]]] = {"count": {}, "touch": {}}
+    cpu: dict[str, list[float]] = {}
+    for _ in range(rounds):
+        for consumer, by_loader in rates.items():
+            for name, loaded in loaders.items():
+                rate, milliseconds = passes(loaded, key, consumer)
+                by_loader.setdefault(name, []).append(rate)
+                if consumer == "count":
+                    cpu.setdefault(name, []).append(milliseconds)
+    del loaders
+    return {"workload": workload, "rates": rates, "cpu": cpu}
+
+
+def spread(values: list[float]) -> str:
+    return f"{statistics.median(values):.2f}x ({min(values):.2f}-{max(values):.2f})"
+
+
+def report_workers(results: list[Batch]) -> None:
+    load = ", ".join(f"{x:.1f}" for x in os.getloadavg())
+    print(f"\n# DataLoader workers against none, batch {BATCH}, shuffled, 2 cores: samples/s, "
+          "median of 3 rounds;")  # fmt: skip
+    print("# ratio: to the 0-worker pass of the same round, median (range)")
+    print("# count: the main process counts samples; touch: it copies every byte (touch());")
+    print("# each round: 3 consecutive passes of each loader in turn (persistent workers)")
+    print("# cpu: CPU ms per batch of the main process and the workers together (count)")
+    print(f"# load average at the end: {load}\n")
+    print(f"{'':6} {'loader':40} {'count':>9} {'ratio':>17} {'touch':>9} {'ratio':>17} "
+          f"{'cpu':>5}")  # fmt: skip
+    for result in results:
+        rates = result["rates"]
+        for name, label in WORKER_ROWS.items():
+            cells = []
+            for consumer in ("count", "touch"):
+                mine, base = rates[consumer][name], rates[consumer]["none0"]
+                ratios = [a / b for a, b in zip(mine, base)]
+                cells.append(f"{statistics.median(mine):>9,.0f} {spread(ratios):>17}")
+            cells.append(f"{statistics.median(result['cpu'][name]):>5.2f}")
+            print(f"{result['workload'] + ',':6} {label:40} {' '.join(cells)}")
+    for result in results:
+        rates = result["rates"]["touch"]
+        ratios = [a / b for a, b in zip(rates["pool2"], rates["none0"])]
+        print(f"{result['workload']}: 2 workers (pool) / 0 workers, touching every byte: "
+              f"{spread(ratios)} (target >= 0.9x)")  # fmt: skip
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--samples", type=int, default=20_000)
     parser.add_argument("--tok-samples", type=int, default=None, help="default: 5 x --samples")
-    parser.add_argument("--only", choices=("all", "memmap"), default="all")
+    parser.add_argument("--only", choices=("all", "memmap", "workers"), default="all")
     parser.add_argument("--tmp", default=None)
     args = parser.parse_args()
     warnings.filterwarnings("ignore", message=".*set_vital.*")
     torch.set_num_threads(1)  # one core per process, as DataLoader workers get
     tok_count = args.tok_samples or 5 * args.samples
-    compared = []
+    compared: list[dict[str, Any]] = []
+    workers: list[Batch] = []
     with tempfile.TemporaryDirectory(dir=args.tmp) as tmp:
 
         def images(n: int) -> Any:
@@ -393,20 +554,29 @@ def main() -> None:
         snap = snapstore.snapshot(images, root=Path(tmp))(args.samples)
         snap.materialize()
         bare(snap, None)  # warm the page cache
-        rows = [] if args.only == "memmap" else transform_rows(snap)
-        compared.append(against_memmap(snap, "img", args.samples, Path(tmp)))
+        rows = [] if args.only != "all" else transform_rows(snap)
+        if args.only in ("all", "workers"):
+            workers.append(workers_against_none(snap, "img"))
+        if args.only != "workers":
+            compared.append(against_memmap(snap, "img", args.samples, Path(tmp)))
         snap.close()
     with tempfile.TemporaryDirectory(dir=args.tmp) as tmp:
         snap = snapstore.snapshot(tok_samples, root=Path(tmp))(tok_count)
         snap.materialize()
-        tok_rates = None if args.only == "memmap" else ragged_tokens(snap)
-        compared.append(against_memmap(snap, "tok", tok_count, Path(tmp)))
+        tok_rates = None if args.only != "all" else ragged_tokens(snap)
+        if args.only in ("all", "workers"):
+            workers.append(workers_against_none(snap, "tok"))
+        if args.only != "workers":
+            compared.append(against_memmap(snap, "tok", tok_count, Path(tmp)))
         snap.close()
     if rows:
         report_transforms(rows, args.samples)
     if tok_rates:
         report_tokens(tok_rates, tok_count)
-    report_memmap(compared)
+    if workers:
+        report_workers(workers)
+    if compared:
+        report_memmap(compared)
 
 
 def transform_rows(snap: snapstore.Snapshot) -> list[dict[str, Any]]:

@@ -43,10 +43,10 @@ from .read.options import ReaderOptions, reader_options
 from .snapshot import Snapshot
 from .torch_accelerate import AccelerateSplit, accelerate_split
 from .torch_passes import PassCounter, pass_token
+from .torch_pool import allocate_pooled
 from .torch_ragged import (
     RaggedList,
     TorchRaggedForm,
-    allocate_shared,
     arrays_to_list,
     from_packed,
     reader_form,
@@ -468,10 +468,10 @@ class SnapshotIterableDataset(IterableDataset[dict[str, Any]]):
         schema, form = reader.reader.schema, self.ragged
         in_worker = get_worker_info() is not None
         if in_worker:
-            # Each batch is gathered straight into one shared-memory buffer: the main process
-            # fetches one file descriptor, not one per tensor, and nothing is copied again on
-            # the way (share_batch then finds nothing to do).
-            reader.allocate = allocate_shared
+            # Each batch is gathered straight into a lease of the worker's pool of shared-memory
+            # segments, recycled across batches (snapstore.torch_pool); share_batch then wraps
+            # it, and it travels as its place in the pool, without another copy.
+            reader.allocate = allocate_pooled
         transformed = self.transform is not None or self.sample_transform is not None
         for batch in reader:
             tensors = from_packed(to_tensors(batch), schema, form)

@@ -16,8 +16,6 @@ Import this module only where torch is installed; :mod:`snapstore.torch` re-expo
 
 from __future__ import annotations
 
-import itertools
-import math
 import operator
 from collections.abc import Sequence
 from typing import Any, Literal
@@ -27,6 +25,7 @@ import torch
 
 from .format.ragged import inner_size
 from .format.schema import Field, Schema
+from .torch_pool import PooledBatch, active_pool, allocate_shared, layout, shared_bytes
 
 __all__ = [
     "TORCH_FORMS",
@@ -93,11 +92,10 @@ class RaggedList(list[torch.Tensor]):
     def __init__(
         self, values: torch.Tensor, offsets: torch.Tensor, shapes: torch.Tensor | None = None
     ) -> None:
-        bounds = _check(values, offsets, shapes)
-        sizes = [b - a for a, b in itertools.pairwise(bounds)]
+        first, last, sizes = _check(values, offsets, shapes)
         items: list[torch.Tensor] = []
         if sizes:
-            items = list(torch.split(values[bounds[0] : bounds[-1]], sizes))
+            items = list(torch.split(values[first:last], sizes))
         if shapes is not None:
             items = [item.view(shape) for item, shape in zip(items, shapes.tolist())]
         super().__init__(items)
@@ -179,26 +177,32 @@ def _rebuild(
     )
 
 
-def _check(values: torch.Tensor, offsets: torch.Tensor, shapes: torch.Tensor | None) -> list[int]:
-    """The offsets as a list, after checking that they and the shapes fit ``values``."""
+def _check(
+    values: torch.Tensor, offsets: torch.Tensor, shapes: torch.Tensor | None
+) -> tuple[int, int, list[int]]:
+    """The first and last offsets and the items' sizes, after checking that the offsets and the
+    shapes fit ``values`` (in numpy: a batch's RaggedList is made in every worker and again in
+    the main process)."""
     if values.dim() != 1 or offsets.dim() != 1 or len(offsets) < 1:
         raise ValueError(
             f"RaggedList: expected 1-D values and 1-D offsets of length n + 1, found shapes "
             f"{tuple(values.shape)} and {tuple(offsets.shape)}; flatten the values"
         )
-    bounds: list[int] = offsets.tolist()
-    if any(b < a for a, b in itertools.pairwise(bounds)) or bounds[0] < 0:
-        raise ValueError(f"RaggedList: offsets must be non-decreasing from >= 0, found {bounds}")
-    if bounds[-1] > len(values):
+    bounds = offsets.detach().cpu().numpy()
+    sizes = np.diff(bounds)
+    first, last = int(bounds[0]), int(bounds[-1])
+    if first < 0 or (sizes < 0).any():
         raise ValueError(
-            f"RaggedList: the last offset ({bounds[-1]}) is past the {len(values)} values"
+            f"RaggedList: offsets must be non-decreasing from >= 0, found {bounds.tolist()}"
         )
-    if shapes is not None and (shapes.dim() != 2 or len(shapes) != len(bounds) - 1):
+    if last > len(values):
+        raise ValueError(f"RaggedList: the last offset ({last}) is past the {len(values)} values")
+    if shapes is not None and (shapes.dim() != 2 or len(shapes) != len(sizes)):
         raise ValueError(
-            f"RaggedList: expected shapes of shape ({len(bounds) - 1}, ndim), found "
+            f"RaggedList: expected shapes of shape ({len(sizes)}, ndim), found "
             f"{tuple(shapes.shape)}"
         )
-    return bounds
+    return first, last, sizes.tolist()
 
 
 def reader_form(form: str) -> str:
@@ -256,37 +260,6 @@ def arrays_to_list(arrays: list[np.ndarray[Any, Any]]) -> list[torch.Tensor]:
     return [torch.from_numpy(a if a.flags.writeable else a.copy()) for a in arrays]
 
 
-_ALIGN = 64  # every tensor's bytes start on a cache line of the shared buffer
-
-
-def allocate_shared(specs: Sequence[tuple[tuple[int, ...], np.dtype[Any]]]) -> list[Any]:
-    """A batch's arrays as views of one new shared-memory buffer (a :class:`BatchReader`
-    ``allocate`` hook, for DataLoader workers).
-
-    The buffer is made in shared memory from the start (``UntypedStorage._new_shared``: no copy
-    into it later), and :func:`shared_tensor` turns each array back into a view of it, so the
-    batch's tensors travel to the main process as one segment without another pass over the
-    bytes. Nothing is kept here: the arrays hold the buffer alive.
-    """
-    starts, total = [], 0
-    for shape, dtype in specs:
-        total += -total % _ALIGN
-        starts.append(total)
-        total += math.prod(shape) * dtype.itemsize
-    base = _shared_bytes(total).numpy()
-    return [
-        base[start : start + math.prod(shape) * dtype.itemsize].view(dtype).reshape(shape)
-        for (shape, dtype), start in zip(specs, starts)
-    ]
-
-
-def _shared_bytes(size: int) -> torch.Tensor:
-    """A new uint8 tensor of ``size`` bytes in shared memory, made there (``share_memory_()``
-    on a new tensor would copy its bytes once more); zero-filled."""
-    storage = torch.UntypedStorage._new_shared(max(size, 1))  # type: ignore[no-untyped-call]
-    return torch.empty(0, dtype=torch.uint8).set_(storage)[:size]
-
-
 def shared_tensor(array: np.ndarray[Any, Any]) -> torch.Tensor | None:
     """``array`` as a view of the shared-memory tensor it lies in (made by
     :func:`allocate_shared`), or None when it does not lie in one."""
@@ -318,24 +291,37 @@ def share_batch(batch: dict[str, Any]) -> dict[str, Any]:
     :class:`~snapstore.torch.SnapshotIterableDataset` does in workers) is returned as it is: no
     copy at all. Tensors that are not on the CPU, nested tensors and anything that is not a
     tensor are left as they are.
+
+    In a DataLoader worker whose reader allocates from the pool
+    (:func:`snapstore.torch_pool.allocate_pooled`, as the dataset's do), the buffer is a lease
+    of the worker's pool instead, and the batch comes back as a
+    :class:`~snapstore.torch_pool.PooledBatch`, which travels as its place in the pool: a batch
+    already in one lease is wrapped, not copied; any other is copied into a new lease once.
     """
     found: list[tuple[Any, Any, torch.Tensor]] = []  # (container, key, tensor)
     _collect(batch, found)
-    if len(found) < 2 or _one_shared_buffer([tensor for _, _, tensor in found]):
+    tensors = [tensor for _, _, tensor in found]
+    pool = active_pool()
+    lease = None if pool is None or not tensors else pool.lease_of(tensors)
+    if lease is not None:
+        return PooledBatch(batch, lease)
+    if not tensors or _one_shared_buffer(tensors) or (pool is None and len(tensors) < 2):
         return batch
-    starts, total = [], 0
-    for _, _, tensor in found:
-        total += -total % _ALIGN
-        starts.append(total)
-        total += tensor.numel() * tensor.element_size()
-    buffer = _shared_bytes(total)
+    starts, total = layout([t.numel() * t.element_size() for t in tensors])
+    if pool is None:
+        buffer = shared_bytes(total)
+    else:  # a lease, or a one-off shared segment when the pool is busy
+        array = pool.allocate([((total,), np.dtype(np.uint8))])[0]
+        shared = shared_tensor(array)
+        buffer = torch.from_numpy(array) if shared is None else shared
     for (container, key, tensor), start in zip(found, starts):
         size = tensor.numel() * tensor.element_size()
         view = buffer[start : start + size].view(tensor.dtype).view(tensor.shape)
         view.copy_(tensor)
         old = container[key]
         container[key] = RaggedList(view, old.offsets, old.shapes) if _packed_list(old) else view
-    return batch
+    lease = None if pool is None else pool.lease_of([buffer])
+    return batch if lease is None else PooledBatch(batch, lease)
 
 
 def _one_shared_buffer(tensors: list[torch.Tensor]) -> bool:

@@ -44,6 +44,7 @@ LAYERS: dict[str, tuple[str, ...]] = {
     "manage": ("manage/",),
     "api": ("snapshot", "handle", "__init__"),
     "integrations": (
+        "torch_pool",
         "torch_ragged",
         "torch_passes",
         "torch_accelerate",
