@@ -5,8 +5,15 @@ Lightning calls ``set_epoch`` on a DataLoader's sampler, never on an iterable da
 (each pass is the next epoch), but after a restart from a checkpoint its count starts again at
 0 while the trainer goes on from its epoch. :class:`SnapshotEpochs` sets the epoch of every
 snapstore dataset in the trainer's training loaders to ``trainer.current_epoch`` when each
-epoch starts, before Lightning starts the loader's workers, so epoch ``e`` of the trainer reads
-epoch ``e`` of the snapshot, in a fresh run and after a restart alike.
+epoch starts, so epoch ``e`` of the trainer reads epoch ``e`` of the snapshot, in a fresh run
+and after a restart alike.
+
+Lightning starts the first pass of a ``fit`` (its fit loop's ``setup_data`` makes the iterator,
+and fetches a batch) before any hook sees the epoch restored from a checkpoint, and calls no
+``on_train_epoch_start`` for an epoch resumed mid-way. So in a ``fit`` resumed from a
+checkpoint, :class:`SnapshotEpochs` sets the epoch at ``on_train_start`` and has Lightning's
+fetcher start that pass again; except when the epoch is resumed mid-way from a loader's saved
+state (a ``StatefulDataLoader``), which holds the epoch and the position in it.
 
 Import this module only where Lightning is installed (``lightning`` or ``pytorch_lightning``).
 
@@ -16,6 +23,7 @@ Import this module only where Lightning is installed (``lightning`` or ``pytorch
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterator, Mapping
 from typing import Any
 
@@ -33,6 +41,8 @@ except ImportError:  # pragma: no cover - depends on the environment
 from .torch import SnapshotIterableDataset
 
 __all__ = ["SnapshotEpochs", "snapshot_datasets"]
+
+log = logging.getLogger(__name__)
 
 
 def snapshot_datasets(loaders: Any) -> Iterator[SnapshotIterableDataset]:
@@ -65,6 +75,39 @@ class SnapshotEpochs(Callback):  # type: ignore[misc]
     each.
     """
 
+    def on_train_start(self, trainer: Any, pl_module: Any) -> None:
+        # Resumed from a checkpoint, the pass Lightning started in setup_data read the fresh
+        # dataset's count (or a finished loader state's), not the restored epoch: see the
+        # module's docstring.
+        if trainer.ckpt_path is None:
+            return
+        datasets = list(snapshot_datasets(trainer.train_dataloader))
+        if not datasets:
+            return
+        if trainer.fit_loop.restarted_mid_epoch and _stateful(trainer.train_dataloader):
+            return  # the restored loader state holds the epoch and the position in it
+        for dataset in datasets:
+            dataset.set_epoch(trainer.current_epoch)
+        fetcher = getattr(trainer.fit_loop, "_data_fetcher", None)
+        if fetcher is None:  # pragma: no cover - a Lightning release without it
+            log.warning(
+                "SnapshotEpochs: this Lightning release has no fit_loop._data_fetcher, so the "
+                "first epoch after resuming (epoch %d) reads the dataset's own count, not the "
+                "trainer's epoch; later epochs read the trainer's",
+                trainer.current_epoch,
+            )
+            return
+        iter(fetcher)  # start the pass again, at the epoch just set
+
     def on_train_epoch_start(self, trainer: Any, pl_module: Any) -> None:
         for dataset in snapshot_datasets(trainer.train_dataloader):
             dataset.set_epoch(trainer.current_epoch)
+
+
+def _stateful(loaders: Any) -> bool:
+    """Whether any loader in ``loaders`` restores its position (``load_state_dict``)."""
+    if isinstance(loaders, Mapping):
+        return any(_stateful(v) for v in loaders.values())
+    if isinstance(loaders, (list, tuple)):
+        return any(_stateful(v) for v in loaders)
+    return callable(getattr(loaders, "load_state_dict", None))

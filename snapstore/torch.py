@@ -369,6 +369,9 @@ class SnapshotIterableDataset(IterableDataset[dict[str, Any]]):
         self._reader: BatchReader | None = None
         self._reader_pid = os.getpid()
         self._pending: dict[str, int] | None = None
+        # per_sample, mid-way through a read batch: the state before it, with "sample", the
+        # number of its samples yielded (None between batches: the reader's state says it).
+        self._sample: dict[str, int] | None = None
         # Fail here, not in a worker, on a bad argument.
         self._make_reader(0, 0, 1, 0, 1).close()
 
@@ -459,12 +462,20 @@ class SnapshotIterableDataset(IterableDataset[dict[str, Any]]):
                 return iter(())
             rank, world_size = 0, 1
         reader = self._make_reader(epoch, rank, world_size, worker, num_workers)
+        skip = 0 if pending is None else pending.pop("sample", 0)
         if pending is not None and "position" in pending:
             reader.set_state(pending)
-        self._reader = reader
-        return self._batches(reader, (rank, worker))
+        self._reader, self._sample = reader, None
+        return self._batches(reader, (rank, worker), dispatched=split == "dispatch", skip=skip)
 
-    def _batches(self, reader: BatchReader, consumer: tuple[int, int]) -> Iterator[dict[str, Any]]:
+    def _batches(
+        self,
+        reader: BatchReader,
+        consumer: tuple[int, int],
+        *,
+        dispatched: bool = False,
+        skip: int = 0,
+    ) -> Iterator[dict[str, Any]]:
         schema, form = reader.reader.schema, self.ragged
         in_worker = get_worker_info() is not None
         if in_worker:
@@ -473,6 +484,7 @@ class SnapshotIterableDataset(IterableDataset[dict[str, Any]]):
             # it, and it travels as its place in the pool, without another copy.
             reader.allocate = allocate_pooled
         transformed = self.transform is not None or self.sample_transform is not None
+        before = reader.get_state() if self.per_sample else None
         for batch in reader:
             tensors = from_packed(to_tensors(batch), schema, form)
             if transformed:
@@ -480,9 +492,22 @@ class SnapshotIterableDataset(IterableDataset[dict[str, Any]]):
                 index = (place["position"] - 1) // self._batch_size
                 tensors = self._transform(tensors, (place["epoch"], *consumer, index))
             if self.per_sample:
-                yield from _unbatch(tensors, _batch_length(tensors, 0))
-            else:
-                yield share_batch(tensors) if in_worker else tensors
+                yield from self._samples(tensors, before, skip)
+                skip, before = 0, reader.get_state()
+                continue
+            if dispatched:  # every batch has the fields of the first
+                _check_dispatchable(tensors, form)
+                dispatched = False
+            yield share_batch(tensors) if in_worker else tensors
+
+    def _samples(self, batch: dict[str, Any], before: Any, skip: int) -> Iterator[dict[str, Any]]:
+        """A batch's samples from the ``skip``-th on, keeping in ``_sample`` where a resumed
+        pass must go on: a state taken between two samples of one read batch reads that batch
+        again (same samples, same transform draws) and skips those already yielded."""
+        samples = _unbatch(batch, _batch_length(batch, 0))
+        for k in range(skip, len(samples)):
+            self._sample = None if k + 1 == len(samples) else {**before, "sample": k + 1}
+            yield samples[k]
 
     def _transform(self, batch: dict[str, Any], where: tuple[int, ...]) -> dict[str, Any]:
         """The transforms on one batch, with torch's generator seeded for it, then restored."""
@@ -508,8 +533,11 @@ class SnapshotIterableDataset(IterableDataset[dict[str, Any]]):
         dict of str to int
             ``BatchReader.get_state()`` (``epoch``, ``position`` and what they are valid for)
             plus ``dataset_version``; only ``epoch`` and ``dataset_version`` before the first
-            pass.
+            pass. With ``per_sample=True``, between two samples of one read batch: the state
+            before that batch, plus ``sample``, the number of its samples already yielded.
         """
+        if self._sample is not None:
+            return {"dataset_version": STATE_VERSION, **self._sample}
         if self._reader is not None:
             return {"dataset_version": STATE_VERSION, **self._reader.get_state()}
         if self._pending is not None:
@@ -534,7 +562,41 @@ class SnapshotIterableDataset(IterableDataset[dict[str, Any]]):
         epoch = state.get("epoch")
         if not isinstance(epoch, int) or epoch < 0:
             raise ResumeError(f"resume state epoch must be an int >= 0, found {epoch!r}")
+        sample = state.get("sample", 0)
+        if not isinstance(sample, int) or sample < 0 or (sample and not self.per_sample):
+            raise ResumeError(
+                f"resume state sample must be an int >= 0, and 0 unless per_sample=True (it "
+                f"counts the samples of a read batch yielded), found {sample!r} with "
+                f"per_sample={self.per_sample}"
+            )
         self._pending = {k: v for k, v in state.items() if k != "dataset_version"}
+
+
+def _check_dispatchable(batch: Mapping[str, Any], form: str) -> None:
+    """Refuse a batch with a varying-shape field when Accelerate dispatches batches.
+
+    Accelerate's dispatcher concatenates one batch per process along the first dimension and
+    slices the result: a list of tensors fails there with a TypeError that does not say why, a
+    nested tensor with a message about batch sizes, and packed values are sliced as if they
+    were rows, silently wrong. Padded fields pass (Accelerate fails when widths differ).
+    """
+    for name, value in batch.items():
+        if isinstance(value, Mapping):
+            _check_dispatchable(value, form)
+            continue
+        listed = isinstance(value, list) and any(isinstance(v, torch.Tensor) for v in value)
+        nested = isinstance(value, torch.Tensor) and value.is_nested
+        packed = isinstance(value, torch.Tensor) and f"{name}_offsets" in batch
+        if listed or nested or packed:
+            raise ValueError(
+                f"Accelerate dispatches this loader's batches (dispatch_batches, its default "
+                f"for iterable datasets): process 0 concatenates one batch per process and "
+                f"slices the result, which a varying-shape field does not survive; found field "
+                f"{name!r} (ragged={form!r}). Pass Accelerator(dataloader_config="
+                f"DataLoaderConfiguration(dispatch_batches=False)) (HF Trainer: "
+                f"TrainingArguments(accelerator_config={{'dispatch_batches': False}})) so that "
+                f"each process reads its own share, or make the field fixed-shape in transform="
+            )
 
 
 def _batch_length(batch: Mapping[str, Any], default: int) -> int:
