@@ -34,6 +34,8 @@ def in_pool_segment(tensor: Any) -> bool:
                 if low <= start and end <= high:
                     return True
     return False
+
+
 N = 150
 FORMS = ("list", "nested", "packed", "pad")
 pytestmark = [
