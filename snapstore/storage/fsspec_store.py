@@ -284,7 +284,7 @@ class FsspecStore(Store):
                         continue
                 if kind == "transient" and (is_timeout(exc) or not deadline.allows(0.0)):
                     raise self._timeout_error(op, path, deadline, attempt, exc) from exc
-                if kind != "transient":
+                if kind not in (None, "transient"):
                     self._silence.clear()  # an answer, if not the one hoped for
                 if kind is None or kind == "exists":
                     raise
