@@ -17,7 +17,7 @@ Import this module only where torch is installed; :mod:`snapstore.torch` re-expo
 from __future__ import annotations
 
 import operator
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import Any, Literal
 
 import numpy as np
@@ -55,10 +55,17 @@ class RaggedList(list[torch.Tensor]):
     a new buffer when it is pickled (one copy); one whose items are not tensors of one dtype
     pickles as a plain list.
 
+    It moves as one buffer too: :meth:`to` (which PyTorch Lightning's and Hugging Face
+    Accelerate's batch transfer call on anything that has it) copies ``values`` once and
+    rebuilds the views on the device.
+
     Parameters
     ----------
-    values : torch.Tensor
-        The items' elements one after another, 1-D.
+    values : torch.Tensor or iterable of torch.Tensor
+        The items' elements one after another, 1-D. Or, with ``offsets`` left out, the items
+        themselves (tensors of one dtype and rank), copied into one buffer as
+        :meth:`from_tensors` does: ``RaggedList(tensors)``, as code that rebuilds a list by
+        its type (``type(batch)(items)``) calls it.
     offsets : torch.Tensor
         int64, shape ``(n + 1,)``, non-decreasing: where each item starts and ends in
         ``values``.
@@ -90,8 +97,20 @@ class RaggedList(list[torch.Tensor]):
     shapes: torch.Tensor | None
 
     def __init__(
-        self, values: torch.Tensor, offsets: torch.Tensor, shapes: torch.Tensor | None = None
+        self,
+        values: torch.Tensor | Iterable[torch.Tensor],
+        offsets: torch.Tensor | None = None,
+        shapes: torch.Tensor | None = None,
     ) -> None:
+        if offsets is None:
+            if isinstance(values, torch.Tensor):
+                raise TypeError(
+                    "RaggedList: expected values with offsets, or an iterable of tensors, "
+                    "found one tensor without offsets"
+                )
+            values, offsets, shapes = _packed(list(values))
+        elif not isinstance(values, torch.Tensor):
+            raise TypeError(f"RaggedList: expected values as a tensor, found {type(values)}")
         first, last, sizes = _check(values, offsets, shapes)
         items: list[torch.Tensor] = []
         if sizes:
@@ -115,25 +134,22 @@ class RaggedList(list[torch.Tensor]):
             If ``tensors`` is empty or mixes dtypes or ranks.
         """
         items = list(tensors)
-        if not items or not all(isinstance(t, torch.Tensor) for t in items):
-            raise ValueError(
-                "RaggedList.from_tensors: expected a non-empty sequence of tensors, found "
-                f"{[type(t).__name__ for t in items[:3]]}"
-            )
-        kinds = {(t.dtype, t.dim()) for t in items}
-        if len(kinds) > 1:
-            raise ValueError(
-                f"RaggedList.from_tensors: expected tensors of one dtype and rank, found "
-                f"{sorted(str(k) for k in kinds)}; convert them first"
-            )
-        sizes = torch.tensor([t.numel() for t in items], dtype=torch.int64)
-        offsets = torch.zeros(len(items) + 1, dtype=torch.int64)
-        torch.cumsum(sizes, 0, out=offsets[1:])
-        shapes = None
-        if items[0].dim() != 1:
-            shapes = torch.tensor([list(t.shape) for t in items], dtype=torch.int64)
-            shapes = shapes.reshape(len(items), items[0].dim())
-        return cls(torch.cat([t.reshape(-1) for t in items]), offsets, shapes)
+        if not items:
+            raise ValueError("RaggedList.from_tensors: expected a non-empty sequence of tensors")
+        return cls(*_packed(items))
+
+    def to(self, *args: Any, **kwargs: Any) -> RaggedList:
+        """The list with ``values`` moved or converted by ``Tensor.to(*args, **kwargs)``: one
+        copy of the buffer, the views rebuilt over it (the list itself if nothing moved).
+
+        A list changed after it was made is packed again first (one copy).
+        """
+        packed = self if self._intact() else RaggedList.from_tensors(self)
+        values = packed.values.to(*args, **kwargs)
+        if values is packed.values:
+            return packed
+        # The views are made where the values are: offsets and shapes stay on the CPU.
+        return RaggedList(values, packed.offsets, packed.shapes)
 
     def _intact(self) -> bool:
         """Whether the list still holds exactly the views it was made with."""
@@ -167,6 +183,33 @@ class RaggedList(list[torch.Tensor]):
         except ValueError:  # not tensors of one kind: pin what can be pinned, item by item
             return [t.pin_memory() if isinstance(t, torch.Tensor) else t for t in self]
         return RaggedList(packed.values.pin_memory(), packed.offsets, packed.shapes)
+
+
+def _packed(
+    items: list[torch.Tensor],
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """Tensors of one dtype and rank as (values, offsets, shapes) over one new buffer."""
+    if not all(isinstance(t, torch.Tensor) for t in items):
+        raise ValueError(
+            "RaggedList: expected tensors, found "
+            f"{sorted({type(t).__name__ for t in items})}; convert them first"
+        )
+    kinds = {(t.dtype, t.dim()) for t in items}
+    if len(kinds) > 1:
+        raise ValueError(
+            f"RaggedList: expected tensors of one dtype and rank, found "
+            f"{sorted(str(k) for k in kinds)}; convert them first"
+        )
+    sizes = torch.tensor([t.numel() for t in items], dtype=torch.int64)
+    offsets = torch.zeros(len(items) + 1, dtype=torch.int64)
+    torch.cumsum(sizes, 0, out=offsets[1:])
+    if not items:
+        return torch.zeros(0), offsets, None
+    shapes = None
+    if items[0].dim() != 1:
+        shapes = torch.tensor([list(t.shape) for t in items], dtype=torch.int64)
+        shapes = shapes.reshape(len(items), items[0].dim())
+    return torch.cat([t.reshape(-1) for t in items]), offsets, shapes
 
 
 def _rebuild(

@@ -37,7 +37,7 @@ from frameworks_util import (  # noqa: E402
 )
 
 import snapstore  # noqa: E402
-from snapstore.torch import SnapshotIterableDataset  # noqa: E402
+from snapstore.torch import RaggedList, SnapshotIterableDataset  # noqa: E402
 
 N = 128
 BATCH = 16  # per rank
@@ -389,18 +389,16 @@ def test_ragged_forms_survive_batch_transfer(tokens_snap: snapstore.Snapshot, ra
         assert all(same(moved[k], batch[k]) for k in batch)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=TypeError,
-    reason="RaggedList cannot be rebuilt from an iterable (type(x)(generator)), as Lightning's "
-    "move_data_to_device and Accelerate's send_to_device do; docs/guide/frameworks.md says so. "
-    "When this passes, update the page's 'Varying-shape fields under the frameworks'",
-)
 def test_ragged_list_survives_batch_transfer(tokens_snap: snapstore.Snapshot) -> None:
+    # Lightning's move_data_to_device and Accelerate's send_to_device call .to() on what has
+    # it (RaggedList.to moves its one buffer), and rebuild other lists by type(x)(items).
     batch = first_batch(tokens_snap, "list")
     for transfer in batch_transfers():
         moved = transfer(batch, torch.device("cpu"))
+        assert isinstance(moved["tokens"], RaggedList)
         assert same(moved["tokens"], batch["tokens"])
+    rebuilt = type(batch["tokens"])(t for t in batch["tokens"])
+    assert isinstance(rebuilt, RaggedList) and same(rebuilt, batch["tokens"])
 
 
 @pytest.fixture
