@@ -3,11 +3,14 @@
 Everything but the calls below goes through fsspec's ``WebHDFS``; these are made by
 :class:`_WebHDFS`, its subclass here, and serve any store over it (the latency simulator's too):
 
-- **create-if-absent**: ``CREATE`` with ``overwrite=false``, in the API's two steps (a ``PUT``
-  to the NameNode, which answers ``307`` with a DataNode's address, then the ``PUT`` of the data
-  there). The NameNode checks and creates the name under its namespace lock, so of two
-  creators of one name exactly one succeeds; the other gets ``403
-  FileAlreadyExistsException``. fsspec always sends ``overwrite=true``, so it cannot be used.
+- **create-if-absent**: the bytes are written under a temporary name beside the target with
+  ``CREATE`` (the API's two steps: a ``PUT`` to the NameNode, which answers ``307`` with a
+  DataNode's address, then the ``PUT`` of the data there), then renamed (``RENAME``) onto the
+  target. The NameNode renames under its namespace lock and refuses an existing destination
+  (``{"boolean": false}``), so of two creators of one name exactly one succeeds; and since
+  HDFS shows a file while it is written (empty, then growing, until its writer closes it), the
+  rename is what keeps a reader from ever seeing a record that is not whole. fsspec's ``mv``
+  says nothing when the destination exists, so it cannot be used.
 - **range reads**: one ``OPEN`` with ``offset`` and ``length`` (fsspec's ``cat_file`` first asks
   ``GETFILESTATUS`` for the size, then reads ahead up to 5 MiB past the range).
 - **whole reads**: one ``OPEN``, and whole writes one ``CREATE`` (fsspec: ``CREATE`` empty,
@@ -33,6 +36,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import time
+import uuid
 from typing import Any
 from urllib.parse import quote
 
@@ -158,10 +162,31 @@ class _WebHDFS(WebHDFS):  # type: ignore[misc]
     snapstore_atomic_create = True
 
     def pipe_file(self, path: str, value: bytes, mode: str = "overwrite", **kwargs: Any) -> None:
-        """Write a whole file in one ``CREATE`` (two steps); ``mode="create"`` sends
-        ``overwrite=false``, so the NameNode refuses an existing name (FileExistsError)."""
-        overwrite = "false" if mode == "create" else "true"
-        first = self._call("CREATE", "put", path, redirect=False, overwrite=overwrite, **kwargs)
+        """Write a whole file in one ``CREATE`` (two steps). ``mode="create"`` writes it under a
+        temporary name beside ``path``, then renames (``RENAME``) it there: the NameNode refuses a
+        rename onto an existing name (``{"boolean": false}``: FileExistsError), and a reader
+        never sees the file before it is whole (HDFS shows a file being written, empty or in
+        part, until its writer closes it)."""
+        if mode != "create":
+            self._create(path, value, overwrite="true", **kwargs)
+            return
+        parent, _, name = self._strip_protocol(path).rpartition("/")
+        temporary = f"{parent}/.{name}.{uuid.uuid4().hex[:16]}.tmp"
+        self._create(temporary, value, overwrite="false", **kwargs)
+        try:
+            moved = self._call("RENAME", "put", temporary, destination=self._strip_protocol(path))
+            if moved.json().get("boolean") is True:
+                return
+        except BaseException:
+            with contextlib.suppress(Exception):
+                self._call("DELETE", "delete", temporary, recursive="false")
+            raise
+        with contextlib.suppress(Exception):
+            self._call("DELETE", "delete", temporary, recursive="false")
+        raise FileExistsError(errno.EEXIST, f"{path} exists (RENAME onto it refused)", path)
+
+    def _create(self, path: str, value: bytes, **params: Any) -> None:
+        first = self._call("CREATE", "put", path, redirect=False, **params)
         location = first.headers.get("Location")
         if location is None:  # a NameNode always redirects CREATE to a DataNode
             raise OSError(errno.EIO, f"CREATE answered {first.status_code} with no Location")
