@@ -359,6 +359,22 @@ def test_materialize_against_a_blackhole(kind: str, blackhole: Blackhole) -> Non
 
 
 @pytest.mark.parametrize("kind", KINDS)
+def test_declaring_input_files_on_a_blackhole(
+    kind: str, blackhole: Blackhole, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # snapstore.files() lists the stage's input bucket through fsspec itself: it waited
+    # without end on an endpoint that never answers.
+    monkeypatch.setenv(STORE_TIMEOUT_ENV, str(SHORT))
+    url, options = blackhole_root(kind, blackhole)
+    with pytest.raises(StoreTimeoutError) as info:
+        snapstore.files(f"{url}/raw/*.jpg", storage_options=options)
+    assert "files(): listing" in str(info.value) and f"from {blackhole.endpoint} in " in str(
+        info.value
+    )
+    assert info.value.endpoint == blackhole.endpoint and blackhole.connections >= 1
+
+
+@pytest.mark.parametrize("kind", KINDS)
 def test_open_against_a_blackhole(
     kind: str, blackhole: Blackhole, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -56,18 +56,22 @@ import posixpath
 import re
 import reprlib
 import stat
+import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any
+from typing import Any, TypeVar
 
 import fsspec.core
 from fsspec.implementations.local import LocalFileSystem
 from fsspec.utils import glob_translate
 
-from ..errors import FingerprintError, SnapstoreError, StoreError
+from ..errors import FingerprintError, SnapstoreError, StoreError, StoreTimeoutError
+from ..storage.deadline import TryAbandoned, call_with_deadline, client_options, endpoint_of
+from ..storage.retry import STORE_TIMEOUT_ENV, RetryPolicy
 
 __all__ = ["InputError", "Inputs", "files"]
 
+T = TypeVar("T")
 PathSpec = str | os.PathLike[str]
 Info = Mapping[str, Any]
 
@@ -131,8 +135,11 @@ class Inputs:
         fs, stripped = self._open_fs(entries)
         self._fs: Any = fs
         self._local = isinstance(fs, LocalFileSystem)
-        resolve = _resolve_local if self._local else _resolve_remote
-        found, bases = resolve(fs, list(zip(entries, stripped, strict=True)))
+        pairs = list(zip(entries, stripped, strict=True))
+        if self._local:
+            found, bases = _resolve_local(fs, pairs)
+        else:
+            found, bases = _within_deadline(fs, entries, lambda: _resolve_remote(fs, pairs))
         base = _common_base(bases)
         named = sorted((_relative(path, base), path) for path in found)
         self._names = [name for name, _ in named]
@@ -200,7 +207,7 @@ class Inputs:
             if local is not None and "://" not in entry and "::" not in entry:
                 this, path = local, local._strip_protocol(entry)
             else:
-                this, path = fsspec.core.url_to_fs(entry, **self._options)
+                this, path = fsspec.core.url_to_fs(entry, **_with_timeouts(entry, self._options))
                 if isinstance(this, LocalFileSystem) and "://" not in entry and "::" not in entry:
                     local = this
             if fs is not None and this != fs:
@@ -215,7 +222,7 @@ class Inputs:
     def _filesystem(self) -> Any:
         if self._fs is None:
             first = self._declared if isinstance(self._declared, str) else self._declared[0]
-            self._fs = fsspec.core.url_to_fs(first, **self._options)[0]
+            self._fs = fsspec.core.url_to_fs(first, **_with_timeouts(first, self._options))[0]
         return self._fs
 
     def _describe(self, path: str, info: Info) -> str:
@@ -407,6 +414,32 @@ def _walk(root: str, pattern: re.Pattern[str] | None, maxdepth: int | None) -> F
 
 def _stat_info(st: os.stat_result) -> Info:
     return {"size": st.st_size, "mtime_ns": st.st_mtime_ns}
+
+
+def _with_timeouts(url: str, options: dict[str, Any]) -> dict[str, Any]:
+    """``options`` with the client's own connect and read timeouts set from the stores'
+    deadline (:class:`~snapstore.storage.retry.RetryPolicy`), unless they set them."""
+    protocol = url.split("://", 1)[0] if "://" in url else "file"
+    return client_options(protocol, options, RetryPolicy().timeout)
+
+
+def _within_deadline(fs: Any, entries: list[str], fn: Callable[[], T]) -> T:
+    """``fn()`` (the listing of remote entries), or :class:`StoreTimeoutError` once the
+    stores' deadline has passed without an answer (the client's own retries included)."""
+    seconds = RetryPolicy().timeout
+    start = time.monotonic()
+    try:
+        return call_with_deadline(fn, seconds)
+    except TryAbandoned:
+        protocol = _protocols(fs)[0]
+        waited = time.monotonic() - start
+        raise StoreTimeoutError(
+            f"files(): listing {reprlib.repr(entries)} got no answer from "
+            f"{endpoint_of(fs, protocol)} in {waited:.0f} s. Check the endpoint and the "
+            f"network, or wait longer with ${STORE_TIMEOUT_ENV}=<seconds>",
+            endpoint=endpoint_of(fs, protocol),
+            waited=waited,
+        ) from None
 
 
 def _resolve_remote(fs: Any, entries: list[tuple[str, str]]) -> tuple[Found, list[str]]:
