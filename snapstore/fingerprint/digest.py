@@ -72,6 +72,7 @@ __all__ = [
     "Fingerprint",
     "Hasher",
     "combine_parts",
+    "declared_digest",
     "diff_parts",
     "fingerprint_key",
     "fingerprint_stage",
@@ -554,6 +555,22 @@ def _short_repr(value: Any) -> str:
 
 _REPR = reprlib.Repr()
 _REPR.maxstring = _REPR.maxother = _REPR_CHARS
+
+
+def declared_digest(value: Any, part: str = "inputs") -> str | None:
+    """The digest ``value`` contributes to the ``inputs`` (or ``upstream``) part through its
+    ``__snapstore_inputs__`` (``__snapstore_upstream__``) hook, or None if it has none.
+
+    Raises
+    ------
+    FingerprintError
+        If the hook returns something that is not what the part hashes.
+    """
+    try:
+        found = _declared(value, part)
+    except Unhashable as exc:
+        raise _explain(f"{part} of {type(value).__name__}", exc, None) from None
+    return None if found is None else found[0]
 
 
 def combine_parts(parts: dict[str, str]) -> str:

@@ -51,6 +51,7 @@ from __future__ import annotations
 
 import datetime
 import hashlib
+import operator
 import os
 import posixpath
 import re
@@ -59,7 +60,7 @@ import stat
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, TypeVar
+from typing import Any, TypeVar, overload
 
 import fsspec.core
 from fsspec.implementations.local import LocalFileSystem
@@ -156,8 +157,46 @@ class Inputs:
     def __len__(self) -> int:
         return len(self._paths)
 
-    def __getitem__(self, i: int) -> str:
+    @overload
+    def __getitem__(self, i: int) -> str: ...
+
+    @overload
+    def __getitem__(self, i: slice) -> Inputs: ...
+
+    def __getitem__(self, i: int | slice) -> str | Inputs:
+        """A file's path or URL; a slice gives the files it selects as an ``Inputs`` (a prefix
+        of a corpus, ``files("data/*")[:500]``), with their names and identities as here."""
+        if isinstance(i, slice):
+            return self.take(range(len(self))[i])
         return self._paths[i]
+
+    @property
+    def names(self) -> list[str]:
+        """The files' stable names (see the module documentation), in order."""
+        return list(self._names)
+
+    def take(self, positions: Iterable[int]) -> Inputs:
+        """The files at ``positions`` (in that order) as an ``Inputs`` of their own: what a
+        partition of a stage partitioned on this argument receives. Nothing is listed again.
+
+        Raises
+        ------
+        IndexError
+            If a position is out of range.
+        """
+        chosen = [operator.index(p) for p in positions]
+        for p in chosen:
+            if not -len(self) <= p < len(self):
+                raise IndexError(f"Inputs.take: position {p} out of range for {len(self)} files")
+        part = Inputs.__new__(Inputs)
+        part.__dict__.update(self.__dict__)
+        part._names = [self._names[p] for p in chosen]
+        part._stripped = [self._stripped[p] for p in chosen]
+        part._paths = [self._paths[p] for p in chosen]
+        part._meta = None if self._meta is None else [self._meta[p] for p in chosen]
+        known = self._identity
+        part._identity = None if known is None else {n: known[n] for n in part._names}
+        return part
 
     def __repr__(self) -> str:
         mode = "sha256" if self._content_hash else "metadata"

@@ -58,6 +58,9 @@ BLOCK_ALIGNMENT = 64
 SHARD_FOOTER_MAGIC = b"SNAPSFT1"
 INDEX_MAGIC = b"SNAPIDX1"
 COMMIT_NAME = "COMMIT"
+# The root's directory of partitions shared by the snapshots of partitioned stages (format
+# version 4): parts/<stage key>/<partition fingerprint>/, each a small snapshot of its own.
+SHARED_PARTS_DIR = "parts"
 MANIFEST_NAME = "manifest.json"
 INDEX_NAME = "index.bin"
 CODEC_RAW = 0

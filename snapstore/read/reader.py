@@ -246,14 +246,18 @@ class SnapshotReader:
 
     def _shard_path(self, entry: dict[str, Any]) -> str:
         """Where a manifest's shard entry lives: in the run directory, or (a snapshot assembled
-        from partitions) in the directory ``dir`` under the fingerprint, each part a plain name."""
+        from partitions) in the directory ``dir`` under the fingerprint, or ``shared`` under the
+        root's shared partitions (``parts/``), each part a plain name."""
         name = fmt.check_name(entry.get("path"), "shard")
-        where = entry.get("dir")
+        shared = entry.get("shared")  # format version 4: a partition shared by snapshots
+        where = entry.get("dir") if shared is None else shared
         if where is None:
             return f"{self.run_dir}/{name}"
         parts = where.split("/") if isinstance(where, str) else [where]
         for part in parts:
             fmt.check_name(part, "shard directory component")
+        if shared is not None:  # under the root's shared partitions, never elsewhere
+            return f"{fmt.SHARED_PARTS_DIR}/{shared}/{name}"
         return f"{self.fingerprint}/{where}/{name}"
 
     def _load_index(self) -> tuple[np.ndarray[Any, Any], np.ndarray[Any, Any]]:

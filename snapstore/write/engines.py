@@ -49,7 +49,7 @@ from ..format.schema import Schema
 from ..oldpaths import historic_name
 from ..storage.store import Store
 from ..storage.travel import portable, reopen
-from .partitions import write_partition
+from .partitions import PartitionLayout, write_partition
 from .writer import WriteOptions
 
 __all__ = [
@@ -151,6 +151,8 @@ class PartitionTask:
     partition: int
     schema: Schema | None = None
     options: WriteOptions | None = None
+    # A shared partition's place (a layout of this one partition); None: <fingerprint>/parts/<p>.
+    layout: PartitionLayout | None = None
 
 
 @dataclass(frozen=True)
@@ -192,10 +194,11 @@ def run_partition(task: PartitionTask) -> PartitionResult:
         return out
 
     began = time.perf_counter()
+    where, index = (task.layout, 0) if task.layout else (task.fingerprint, task.partition)
     committed = write_partition(
         store,
-        task.fingerprint,
-        task.partition,
+        where,
+        index,
         samples,
         schema=task.schema,
         options=task.options,

@@ -26,13 +26,17 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from ..errors import BusyError, SnapstoreError, StageError
+from ..fingerprint.digest import hash_value
+from ..fingerprint.inputs import Inputs
+from ..fingerprint.partition import members, partition_fingerprint, stage_key
 from ..oldpaths import historic_name
 from ..read.reader import load_manifest
 from ..storage import claims
 from ..storage.store import LocalStore, Store
+from .boundaries import content_boundaries
 from .engines import PartitionTask, make_engine
 from .parallel import PartitionJob, compute_partitions
-from .partitions import commit_partitions, remove_partition_claims
+from .partitions import PartitionLayout, commit_partitions, remove_partition_claims
 from .progress import ProgressArg, Reporter, holder_text, open_reporter, tee
 from .stageoptions import StageOptions
 from .writer import ProgressCallback, SnapshotWriter
@@ -191,58 +195,96 @@ def partition_calls(
     partition_size: int,
 ) -> Calls:
     """The call ``fn(*args, **kwargs)`` split on its argument ``partition_by`` into calls of
-    ``partition_size`` consecutive inputs each: ``(args, kwargs)`` per partition.
+    about ``partition_size`` inputs each, at boundaries the inputs choose
+    (:mod:`snapstore.write.boundaries`): ``(args, kwargs)`` per partition.
 
     Raises
     ------
     TypeError
-        If the argument is not a sequence (a list, tuple or range; a string is refused).
+        If the argument is neither ``snapstore.files(...)`` nor a sequence (a list, tuple or
+        range; a string is refused).
     """
+    return [(a, k) for a, k, _ in _split(fn, args, kwargs, partition_by, partition_size)[1]]
+
+
+Split = tuple[dict[str, Any], list[tuple[tuple[Any, ...], dict[str, Any], list[tuple[str, str]]]]]
+
+
+def _split(
+    fn: Callable[..., Any],
+    args: tuple[Any, ...],
+    kwargs: Mapping[str, Any],
+    partition_by: str,
+    partition_size: int,
+) -> Split:
+    """The call's bound arguments, and per partition its call and its members (name and
+    identity of each input, see :func:`snapstore.fingerprint.partition.members`)."""
     bound = inspect.signature(fn).bind(*args, **kwargs)
     bound.apply_defaults()
     values = bound.arguments[partition_by]
-    if not isinstance(values, Sequence) or isinstance(values, (str, bytes)):
+    declared = isinstance(values, Inputs)
+    if not declared and (not isinstance(values, Sequence) or isinstance(values, (str, bytes))):
         raise TypeError(
-            f"partition_by={partition_by!r}: expected a sequence (list, tuple, range) of inputs, "
-            f"found {type(values).__name__}"
+            f"partition_by={partition_by!r}: expected snapstore.files(...) or a sequence (list, "
+            f"tuple, range) of inputs, found {type(values).__name__}"
         )
+    found = members(values)
     calls = []
-    for start in range(0, len(values), partition_size):
+    for span in content_boundaries([name for name, _ in found], partition_size):
         part = bound.arguments.copy()
-        part[partition_by] = values[start : start + partition_size]
+        part[partition_by] = values.take(span) if declared else values[span.start : span.stop]
         piece = inspect.BoundArguments(bound.signature, part)
-        calls.append((piece.args, piece.kwargs))
-    return calls
+        calls.append((piece.args, piece.kwargs, found[span.start : span.stop]))
+    return dict(bound.arguments), calls
+
+
+def _shared_layout(job: StageJob, partition_by: str, split: Split) -> PartitionLayout:
+    """Where the partitions of ``job`` live: by their own fingerprints, under the stage's key."""
+    values, calls = split
+    parts = dict(job.manifest.get("fingerprint_parts") or {})
+    details = dict(job.manifest.get("fingerprint_details") or {})
+    key_fn = job.settings.key
+    stage = stage_key(parts, details, partition_by, values)
+    names = []
+    for args, kwargs, inputs in calls:
+        keyed = None
+        if key_fn is not None:  # the partition's own call, as key= sees a whole call
+            keyed = hash_value(key_fn(*args, **kwargs), f"key(...) of {job.name}")
+        names.append(partition_fingerprint(stage, inputs, arguments=keyed))
+    return PartitionLayout.shared(stage, names)
 
 
 def _write_partitioned(job: StageJob, partition_by: str, progress: Reporter) -> None:
-    """Compute the partitions no other live job holds on the engine, wait for the others
-    (taking over expired claims), then assemble and commit. Finished partitions are never
-    recomputed."""
+    """Compute the partitions no other live job holds on the engine and no earlier call of the
+    stage has committed, wait for the others (taking over expired claims), then assemble and
+    commit. Finished partitions are never recomputed, whichever call of the stage made them."""
     snap, settings = job.target, job.settings
     store, fp = snap.store, snap.fingerprint
-    calls = partition_calls(job.fn, job.args, job.kwargs, partition_by, settings.partition_size)
+    split = _split(job.fn, job.args, job.kwargs, partition_by, settings.partition_size)
+    layout = _shared_layout(job, partition_by, split)
     tasks = [
         PartitionTask(
-            job.fn, job.name, args, kwargs, store, fp, p, settings.schema, settings.options
+            job.fn, job.name, args, kwargs, store, fp, p, settings.schema, settings.options,
+            layout=PartitionLayout.shared(layout.base.rsplit("/", 1)[-1], [layout.name(p)]),
         )
-        for p, (args, kwargs) in enumerate(calls)
-    ]
+        for p, (args, kwargs, _) in enumerate(split[1])
+    ]  # fmt: skip
 
     def busy(partition: int, state: claims.ClaimState) -> bool:
         return on_busy(job, progress, f"partition {partition} of {job.name} ({fp})", state)
 
     parts = PartitionJob(
         store, fp, job.name, tasks, settings.lease, job.clock, busy,
-        committed=lambda: snap.committed, progress=progress,
+        committed=lambda: snap.committed, progress=progress, layout=layout,
     )  # fmt: skip
     # Which partitions this job computes is decided one by one, as it claims them.
     job.explain_miss("computing the partitions no job holds")
     if not compute_partitions(parts, make_engine(settings.engine, settings.workers), job.fn):
         return
     if not snap.committed:
-        commit_partitions(store, fp, len(calls), dict(job.manifest), schema=settings.schema)
-        remove_partition_claims(store, fp, range(len(calls)))
+        n = len(tasks)
+        commit_partitions(store, fp, n, dict(job.manifest), schema=settings.schema, layout=layout)
+        remove_partition_claims(store, layout, range(n))
 
 
 def on_busy(

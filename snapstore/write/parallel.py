@@ -26,7 +26,13 @@ from ..storage import claims
 from ..storage.listing import map_concurrently
 from ..storage.store import Store
 from .engines import CannotTravelError, Engine, PartitionTask, ThreadEngine, run_partition
-from .partitions import PARTS_DIR, PartitionStatus, partition_dir, partition_done, partition_status
+from .partitions import (
+    PARTS_DIR,
+    PartitionLayout,
+    PartitionStatus,
+    partition_done,
+    partition_status,
+)
 from .progress import Reporter
 from .writer import ProgressCallback
 
@@ -62,6 +68,12 @@ class PartitionJob:
     announced: set[str] = field(default_factory=set)  # holders whose wait was logged
     status: PartitionStatus = field(default_factory=PartitionStatus)  # the newest listing
     fresh: bool = False  # whether ``status`` was listed since the last launch
+    layout: PartitionLayout | None = None  # where the partitions are (None: <fp>/parts/<p>)
+
+    @property
+    def where(self) -> PartitionLayout:
+        """Where the partitions live (see :class:`PartitionLayout`)."""
+        return self.layout or PartitionLayout.numbered(self.fingerprint)
 
     def __post_init__(self) -> None:
         progress = self.progress
@@ -72,12 +84,12 @@ class PartitionJob:
         )
 
     def done(self, partition: int) -> bool:
-        return partition_done(self.store, self.fingerprint, partition)
+        return partition_done(self.store, self.where, partition)
 
     def refresh(self, tasks: list[PartitionTask]) -> list[PartitionTask]:
         """List the partitions of ``tasks`` (one batch of listings, see
         :func:`partition_status`); the tasks not committed."""
-        self.status = partition_status(self.store, self.fingerprint, [t.partition for t in tasks])
+        self.status = partition_status(self.store, self.where, [t.partition for t in tasks])
         self.fresh = True
         return [t for t in tasks if t.partition not in self.status.committed]
 
@@ -87,7 +99,7 @@ class PartitionJob:
         held = [t.partition for t in tasks if t.partition in self.status.claims]
 
         def inspect(p: int) -> claims.ClaimState:
-            where = partition_dir(self.fingerprint, p)
+            where = self.where.dir(p)
             return claims.inspect_claim(self.store, where, self.status.claims[p])
 
         return dict(zip(held, map_concurrently(inspect, held)))
@@ -145,10 +157,13 @@ def _abandon(job: PartitionJob) -> None:
     """After a failure (or a Ctrl-C): remove the claims this job took, committed partitions'
     included (a rerun never claims those again), unless another job claimed one since (see
     :meth:`claims.Claim.abandon`), and the directories of failed partitions left empty."""
-    fp = job.fingerprint
+    fp, layout = job.fingerprint, job.where
     for partition, claim in job.held:
-        where = partition_dir(fp, partition)
-        claim.abandon((f"{where}/runs", where, f"{fp}/{PARTS_DIR}", fp))
+        where = layout.dir(partition)
+        # Empty directories left by a failed partition go; a shared partition's stage
+        # directory (parts/<stage key>) only if it is empty too.
+        above = (layout.base,) if layout.is_shared else (f"{fp}/{PARTS_DIR}", fp)
+        claim.abandon((f"{where}/runs", where, *above))
 
 
 def _prepare(
@@ -243,7 +258,7 @@ def _launch(
         observed = states.get(p, claims.ClaimState()) if listed else None
         claim, state = claims.acquire(
             job.store,
-            partition_dir(job.fingerprint, p),
+            job.where.dir(p),
             lease=job.lease,
             clock=job.clock,
             watched=job.watched.setdefault(p, {"lease": job.lease}),

@@ -1,12 +1,21 @@
 """Partitioned writes: a stage over a list of inputs, written and committed partition by partition.
 
 Pure and engine-free: :func:`write_partition` writes one partition and commits it as a small
-snapshot of its own under ``<fp>/parts/<p>`` (same files and commit protocol as a whole
-snapshot), and :func:`commit_partitions` assembles the finished partitions into the snapshot:
-one block index over all of them and a manifest whose shard entries point into the partitions'
-runs (``"dir"``). A crash between the two loses nothing but the current partition: a rerun
-finds the finished ones by their commit records and computes the rest. The written order is
-the partitions' in order, whoever computed each.
+snapshot of its own (same files and commit protocol as a whole snapshot), and
+:func:`commit_partitions` assembles the finished partitions into the snapshot: one block index
+over all of them and a manifest whose shard entries point into the partitions' runs. A crash
+between the two loses nothing but the current partition: a rerun finds the finished ones by
+their commit records and computes the rest. The written order is the partitions' in order,
+whoever computed each.
+
+Where partitions live is a :class:`PartitionLayout`:
+
+- **shared** (a stage's ``partition_by``, format version 4): under
+  ``parts/<stage key>/<partition fingerprint>`` at the root, outside any snapshot, so every
+  snapshot of the stage whose inputs include a partition's members uses the one copy (see
+  :mod:`snapstore.fingerprint.partition`); shard entries point there with ``"shared"``;
+- **numbered** (engines' jobs such as Ray Data's, and format versions up to 3):
+  ``<fp>/parts/<p>``, owned by the one snapshot; shard entries point there with ``"dir"``.
 """
 
 from __future__ import annotations
@@ -37,6 +46,8 @@ from .writer import (
 )
 
 __all__ = [
+    "SHARED_DIR",
+    "PartitionLayout",
     "PartitionStatus",
     "commit_partitions",
     "partition_dir",
@@ -47,14 +58,74 @@ __all__ = [
 ]
 
 PARTS_DIR = "parts"
+SHARED_DIR = fmt.SHARED_PARTS_DIR
+"""The root's directory of shared partitions: ``parts/<stage key>/<partition fingerprint>``."""
 
 
-def partition_dir(fingerprint: str, partition: int) -> str:
-    """Where partition ``partition`` of ``fingerprint`` lives, relative to the root."""
-    return f"{fingerprint}/{PARTS_DIR}/{partition:06d}"
+@dataclass(frozen=True)
+class PartitionLayout:
+    """Where the partitions of one partitioned write live.
+
+    Attributes
+    ----------
+    base : str
+        The directory holding them, relative to the root: ``<fp>/parts`` (numbered) or
+        ``parts/<stage key>`` (shared).
+    names : tuple of str, optional
+        Shared: partition ``p``'s directory name (its fingerprint) is ``names[p]``. None:
+        numbered, ``p`` as six digits.
+    """
+
+    base: str
+    names: tuple[str, ...] | None = None
+
+    @classmethod
+    def numbered(cls, fingerprint: str) -> PartitionLayout:
+        """A snapshot's own partitions, ``<fp>/parts/<p>``."""
+        return cls(f"{fingerprint}/{PARTS_DIR}")
+
+    @classmethod
+    def shared(cls, stage_key: str, fingerprints: Sequence[str]) -> PartitionLayout:
+        """A stage's shared partitions, ``parts/<stage key>/<partition fingerprint>``."""
+        return cls(f"{SHARED_DIR}/{stage_key}", tuple(fingerprints))
+
+    @property
+    def is_shared(self) -> bool:
+        return self.names is not None
+
+    def name(self, partition: int) -> str:
+        """Partition ``partition``'s directory name."""
+        return f"{partition:06d}" if self.names is None else self.names[partition]
+
+    def dir(self, partition: int) -> str:
+        """Where partition ``partition`` lives, relative to the root."""
+        return f"{self.base}/{self.name(partition)}"
+
+    def prefixes(self, partitions: Iterable[int]) -> list[str]:
+        """Prefixes of the names in :attr:`base` whose listings, sent at once, cover
+        ``partitions``."""
+        names = {self.name(p) for p in partitions}
+        if self.names is None:
+            return status_prefixes_of(names)
+        # Fingerprints are uniform hex: about 256 partitions (a page of 1,000 objects or two)
+        # per listing, at most listing_workers listings.
+        digits = 0
+        while len(names) >> (4 * digits) > 256 and 16 ** (digits + 1) <= listing_workers:
+            digits += 1
+        return sorted({name[:digits] for name in names})
 
 
-def partition_done(store: Store, fingerprint: str, partition: int) -> bool:
+def _layout(where: str | PartitionLayout) -> PartitionLayout:
+    return where if isinstance(where, PartitionLayout) else PartitionLayout.numbered(where)
+
+
+def partition_dir(fingerprint: str | PartitionLayout, partition: int) -> str:
+    """Where partition ``partition`` of ``fingerprint`` (or of a layout) lives, relative to the
+    root."""
+    return _layout(fingerprint).dir(partition)
+
+
+def partition_done(store: Store, fingerprint: str | PartitionLayout, partition: int) -> bool:
     """Whether the partition is committed."""
     return store.exists(f"{partition_dir(fingerprint, partition)}/{fmt.COMMIT_NAME}")
 
@@ -86,7 +157,11 @@ _MIN_GROUP_DIGITS = 2
 def status_prefixes(partitions: Iterable[int]) -> list[str]:
     """Prefixes (of the ``parts`` directory's names) that together cover ``partitions``: as
     fine as lets all their listings be in flight at once."""
-    names = {partition_dir("", p).rsplit("/", 1)[-1] for p in partitions}
+    return status_prefixes_of({f"{p:06d}" for p in partitions})
+
+
+def status_prefixes_of(names: set[str]) -> list[str]:
+    """:func:`status_prefixes` of numbered partitions' directory names."""
     for digits in range(_MIN_GROUP_DIGITS, 8):
         prefixes = {name[: max(len(name) - digits, 0)] for name in names}
         if len(prefixes) <= listing_workers:
@@ -94,13 +169,16 @@ def status_prefixes(partitions: Iterable[int]) -> list[str]:
     return sorted(prefixes)
 
 
-def partition_status(store: Store, fingerprint: str, partitions: Iterable[int]) -> PartitionStatus:
+def partition_status(
+    store: Store, fingerprint: str | PartitionLayout, partitions: Iterable[int]
+) -> PartitionStatus:
     """Which of ``partitions`` are committed and which have claim files, from listings of the
-    ``parts`` directory (:func:`status_prefixes`) sent all at once: about
+    partitions' directory (:meth:`PartitionLayout.prefixes`) sent all at once: about
     ``ceil(objects per listing / 1000)`` round trips on an object store, not one per
     partition."""
-    wanted = {partition_dir("", p).rsplit("/", 1)[-1]: p for p in partitions}
-    tree = list_prefixes(store, f"{fingerprint}/{PARTS_DIR}", status_prefixes(wanted.values()))
+    layout = _layout(fingerprint)
+    wanted = {layout.name(p): p for p in partitions}
+    tree = list_prefixes(store, layout.base, layout.prefixes(wanted.values()))
     committed: set[int] = set()
     claimed: dict[int, list[str]] = {}
     for rel in tree:
@@ -116,20 +194,23 @@ def partition_status(store: Store, fingerprint: str, partitions: Iterable[int]) 
     return PartitionStatus(frozenset(committed), claims)
 
 
-def remove_partition_claims(store: Store, fingerprint: str, partitions: Iterable[int]) -> None:
+def remove_partition_claims(
+    store: Store, fingerprint: str | PartitionLayout, partitions: Iterable[int]
+) -> None:
     """Best effort, once the snapshot is committed: delete the claims directories that
     listings show under ``partitions``, concurrently (not one request per partition)."""
+    layout = _layout(fingerprint)
     ids = list(partitions)
-    wanted = {partition_dir("", p).rsplit("/", 1)[-1] for p in ids}
-    tree = list_prefixes(store, f"{fingerprint}/{PARTS_DIR}", status_prefixes(ids))
+    wanted = {layout.name(p) for p in ids}
+    tree = list_prefixes(store, layout.base, layout.prefixes(ids))
     held = sorted({rel.split("/", 1)[0] for rel in tree if rel.split("/")[1:2] == [CLAIMS_DIR]})
-    where = [f"{fingerprint}/{PARTS_DIR}/{name}" for name in held if name in wanted]
+    where = [f"{layout.base}/{name}" for name in held if name in wanted]
     map_concurrently(lambda w: remove_claims(store, w), where)
 
 
 def write_partition(
     store: Store,
-    fingerprint: str,
+    fingerprint: str | PartitionLayout,
     partition: int,
     samples: Callable[[], Iterable[Mapping[str, Any] | Columns]],
     *,
@@ -144,10 +225,14 @@ def write_partition(
     bool
         True if this call's run became the partition, False if another job committed it first.
     """
-    extra = {"partition": partition, "snapshot": fingerprint}
+    layout = _layout(fingerprint)
+    if layout.is_shared:  # shared by snapshots: it names its stage and its own fingerprint
+        extra: dict[str, Any] = {"partition_of": layout.base.rsplit("/", 1)[-1]}
+    else:
+        extra = {"partition": partition, "snapshot": layout.base.rsplit("/", 1)[0]}
     writer = SnapshotWriter(
         store,
-        partition_dir(fingerprint, partition),
+        layout.dir(partition),
         extra,
         schema=schema,
         options=options,
@@ -162,7 +247,9 @@ def write_partition(
     return writer.commit()
 
 
-def _check_checksums(readers: list[SnapshotReader], ids: list[int], fingerprint: str) -> None:
+def _check_checksums(
+    readers: list[SnapshotReader], ids: list[int], fingerprint: str, layout: PartitionLayout
+) -> None:
     """Refuse partitions whose blocks carry another checksum than this version writes: the
     assembled manifest names one algorithm for every block."""
     for p, reader in zip(ids, readers):
@@ -170,7 +257,7 @@ def _check_checksums(readers: list[SnapshotReader], ids: list[int], fingerprint:
             raise FormatError(
                 f"partition {p} of {fingerprint} has {reader.checksum.name} block checksums "
                 f"(format version {reader.manifest.get('format_version')}); this snapstore "
-                f"assembles {WRITTEN.name} ones. Remove {partition_dir(fingerprint, p)} "
+                f"assembles {WRITTEN.name} ones. Remove {layout.dir(p)} "
                 "and compute the partition again."
             )
 
@@ -182,6 +269,7 @@ def commit_partitions(
     manifest_extra: Mapping[str, Any] | None = None,
     *,
     schema: Schema | None = None,
+    layout: PartitionLayout | None = None,
 ) -> bool:
     """Assemble committed partitions into the snapshot and commit it, in the order given.
 
@@ -190,6 +278,10 @@ def commit_partitions(
     partitions : int or sequence of int
         A count ``n`` means partitions ``0 .. n-1``; a sequence names the partition ids (an
         engine's task indices need not be consecutive).
+    layout : PartitionLayout, optional
+        Where the partitions are: by default the snapshot's own (``<fp>/parts/<p>``). Shared
+        ones are referenced by the manifest (``shared_partitions``, in order), so that
+        management keeps them while the snapshot exists.
 
     Raises
     ------
@@ -206,18 +298,11 @@ def commit_partitions(
     ids = list(range(partitions)) if isinstance(partitions, int) else [int(p) for p in partitions]
     if len(set(ids)) != len(ids):
         raise ValueError(f"partitions: expected distinct partition ids, found {ids}")
-    committed = partition_status(store, fingerprint, ids).committed
-    for p in ids:
-        if p not in committed:
-            raise FormatError(
-                f"partition {p} of {fingerprint} under {store.url} is not committed; "
-                "compute it before assembling the snapshot"
-            )
-    # One reader per partition (commit record, manifest, index), opened concurrently.
-    readers = map_concurrently(lambda p: SnapshotReader(store, partition_dir(fingerprint, p)), ids)
-    _check_checksums(readers, ids, fingerprint)
+    layout = layout or PartitionLayout.numbered(fingerprint)
+    readers = map_concurrently(lambda p: _partition_reader(store, layout, p, fingerprint), ids)
+    _check_checksums(readers, ids, fingerprint, layout)
     merged = _merged_schema(readers, ids, schema, fingerprint)
-    index, shards = _joined(readers, fingerprint)
+    index, shards = _joined(readers, fingerprint, layout)
     index_bytes = fmt.write_index(index)
     run = new_run_id()
     manifests = [r.manifest for r in readers]
@@ -238,7 +323,8 @@ def commit_partitions(
         write_options=manifests[0].get("write_options", {}) if manifests else {},
         more={
             "partitions": len(ids),
-            **({} if ids == list(range(len(ids))) else {"partition_ids": ids}),
+            **({} if ids == list(range(len(ids))) or layout.is_shared else {"partition_ids": ids}),
+            **(_shared_refs(layout, ids) if layout.is_shared else {}),
         },
     )
     won = publish(store, fingerprint, run, index_bytes, manifest)
@@ -247,20 +333,44 @@ def commit_partitions(
     return won
 
 
+def _partition_reader(
+    store: Store, layout: PartitionLayout, partition: int, fingerprint: str
+) -> SnapshotReader:
+    """Partition ``partition``'s reader (commit record, manifest, index); opened for every
+    partition at once, so a partition that is not committed is found without a listing."""
+    try:
+        return SnapshotReader(store, layout.dir(partition))
+    except FileNotFoundError as exc:  # SnapshotNotFoundError among them
+        raise FormatError(
+            f"partition {partition} of {fingerprint} ({layout.dir(partition)}) under "
+            f"{store.url} is not committed; compute it before assembling the snapshot"
+        ) from exc
+
+
+def _shared_refs(layout: PartitionLayout, ids: list[int]) -> dict[str, Any]:
+    """The manifest's references to the shared partitions it is made of, in order."""
+    stage_key = layout.base.rsplit("/", 1)[-1]
+    return {"shared_partitions": [f"{stage_key}/{layout.name(p)}" for p in ids]}
+
+
 def _joined(
-    readers: list[SnapshotReader], fingerprint: str
+    readers: list[SnapshotReader], fingerprint: str, layout: PartitionLayout
 ) -> tuple[np.ndarray[Any, Any], list[dict[str, Any]]]:
     """The partitions' block indexes as one (shard numbers offset) and their shard entries,
-    each pointing into its partition's run with ``dir``."""
+    each pointing into its partition's run: ``dir`` under the snapshot, or ``shared`` under
+    the root's shared partitions."""
     indexes: list[np.ndarray[Any, Any]] = []
     shards: list[dict[str, Any]] = []
     for reader in readers:
         index = reader.index.copy()
         index["shard"] += len(shards)
         indexes.append(index)
-        run_dir = reader.run_dir.removeprefix(f"{fingerprint}/")
+        if layout.is_shared:
+            key, where = "shared", reader.run_dir.removeprefix(f"{SHARED_DIR}/")
+        else:
+            key, where = "dir", reader.run_dir.removeprefix(f"{fingerprint}/")
         for entry, name in zip(reader.manifest["shards"], reader.shard_paths):
-            shards.append({**entry, "path": name.rsplit("/", 1)[-1], "dir": run_dir})
+            shards.append({**entry, "path": name.rsplit("/", 1)[-1], key: where})
     index = np.concatenate(indexes) if indexes else np.zeros(0, fmt.INDEX_DTYPE)
     return index, shards
 
