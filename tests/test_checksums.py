@@ -55,7 +55,7 @@ def write(root: Path, level: int) -> SnapshotReader:
 def test_version_3_round_trip_records_crc32c(tmp_path: Path, level: int) -> None:
     reader = write(tmp_path, level)
     manifest = reader.manifest
-    assert manifest["format_version"] == 3 and manifest["checksum"] == "crc32c"
+    assert manifest["format_version"] == fmt.FORMAT_VERSION and manifest["checksum"] == "crc32c"
     assert reader.checksum is CRC32C and "crc32" not in manifest["index"]
     index_bytes = (tmp_path / reader.run_dir / fmt.INDEX_NAME).read_bytes()
     assert manifest["index"]["checksum"] == CRC32C(index_bytes)

@@ -366,10 +366,10 @@ def test_declaration_errors_name_the_field() -> None:
 # -- format -----------------------------------------------------------------------------------
 
 
-def test_format_version_3_manifest_and_arrow_types(tmp_path: Any) -> None:
+def test_format_version_manifest_and_arrow_types(tmp_path: Any) -> None:
     samples = [{"m": {"a": 1, "t": ["x"]}, "n": None}, {"m": {"a": 2, "t": []}, "n": 1.5}]
     reader = roundtrip(tmp_path, samples)  # one block: n is not None in all of it
-    assert reader.manifest["format_version"] == snapstore.FORMAT_VERSION == 3
+    assert reader.manifest["format_version"] == snapstore.FORMAT_VERSION == 4
     assert reader.manifest["checksum"] == "crc32c"
     assert reader.manifest["schema"] == [
         {
@@ -391,7 +391,7 @@ def test_format_version_3_manifest_and_arrow_types(tmp_path: Any) -> None:
     )
     assert not arrow.field("m").nullable and arrow.field("n").nullable
     commit = json.loads((tmp_path / "rows" / "fp" / "COMMIT").read_text())
-    assert commit["format_version"] == 3
+    assert commit["format_version"] == snapstore.FORMAT_VERSION
 
 
 def test_partitions_that_differ_only_in_none_or_twins_merge() -> None:

@@ -47,10 +47,11 @@ __all__ = [
     "write_index",
 ]
 
-FORMAT_VERSION = 3
+FORMAT_VERSION = 4
 # Versions this reader reads: version 1 is version 2 without the new field kinds, version 2 is
-# version 3 with CRC-32 for every checksum.
-READABLE_VERSIONS = (1, 2, 3)
+# version 3 with CRC-32 for every checksum, version 3 is version 4 without shared partitions
+# (shard entries with "shared", the manifest's "shared_partitions").
+READABLE_VERSIONS = (1, 2, 3, 4)
 SHARD_MAGIC = b"SNAPSHD1"
 # Blocks start at multiples of this offset in a shard (zero padding between), so a raw block's
 # buffers, viewed in place through a memory map, are aligned for every dtype.
