@@ -95,15 +95,19 @@ class StageOptions:
         outlasts a stalled write to a bucket, yet a crashed job's work is taken over within a
         minute.
     partition_by : str, optional
-        The parameter holding a list of inputs (files, URLs, ranges) to split the stage on.
-        Each partition (``partition_size`` consecutive inputs) is computed by calling the
-        function with just those inputs, committed on its own, and never recomputed: a rerun
-        after a crash computes only the missing partitions, and jobs of a sweep share the
-        partitions between them (with ``on_busy="wait"``). The snapshot is the partitions'
-        samples in order, so the function must produce for a list what it produces for its
-        pieces one after another. Does not change the fingerprint.
+        The parameter holding the inputs to split the stage on: ``snapstore.files(...)`` or a
+        sequence (files, URLs, ranges). Each partition (consecutive inputs, about
+        ``partition_size`` of them, at boundaries the inputs choose:
+        :mod:`snapstore.write.boundaries`) is computed by calling the function with just those
+        inputs (an ``Inputs`` of its files, for ``files()``), committed on its own under its own
+        fingerprint (:mod:`snapstore.fingerprint.partition`), and never recomputed: a rerun
+        after a crash, and any later call of the stage whose inputs include the partition's,
+        reuse it, and jobs of a sweep share the partitions between them (with
+        ``on_busy="wait"``). The snapshot is the partitions' samples in order, so the function
+        must produce for a list what it produces for its pieces one after another. Does not
+        change the snapshot's fingerprint.
     partition_size : int
-        Inputs per partition (default 1).
+        The mean number of inputs per partition (default 1: one partition per input).
     engine : {"process", "thread", "ray", "dask"}, Engine or dask Client, optional
         Where the partitions of a partitioned stage run (see :mod:`snapstore.write.engines`).
         By default a pool of spawned processes, one per usable core, falling back to threads
