@@ -42,6 +42,12 @@ def _summary(result: CopyResult) -> str:
     if result.already_present:
         return f"{result.fingerprint} is already present at {result.destination}; nothing copied"
     resumed = f", {human_bytes(result.bytes_skipped)} already there" if result.bytes_skipped else ""
+    parts = result.partitions_copied + result.partitions_present
+    if parts:
+        resumed += (
+            f" ({result.partitions_copied} of its {parts} partition(s) copied, "
+            f"{result.partitions_present} already there)"
+        )
     rate = result.bytes_copied / result.seconds if result.seconds > 0 else 0.0
     return (
         f"copied {result.fingerprint} to {result.destination}: "
@@ -72,8 +78,9 @@ def cp_command(
 ) -> None:  # fmt: skip
     """Copy the committed snapshot FINGERPRINT (or a unique prefix) from --root to DEST_ROOT.
 
-    Every block is checked against its CRC-32 on the way. An interrupted copy resumes where it
-    stopped when run again; the snapshot appears at DEST_ROOT only once complete.
+    Every block is checked against its checksum on the way. An interrupted copy resumes where
+    it stopped when run again; the snapshot appears at DEST_ROOT only once complete. A snapshot
+    made of shared partitions is copied with them, except those DEST_ROOT already holds.
     """
     source = obj.store
     full = resolve_fingerprint(source, fingerprint)

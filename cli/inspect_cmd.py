@@ -16,7 +16,7 @@ import click
 import numpy as np
 
 import snapstore
-from snapstore.manage.catalog import list_snapshots, resolve_fingerprint
+from snapstore.manage.catalog import list_snapshots_sharing, resolve_fingerprint
 from snapstore.manage.gc import find_garbage
 from snapstore.read.prefetch import ReadStats
 from snapstore.storage.simulate import simulated_store
@@ -434,42 +434,77 @@ _OTHER_STATES = ("writing", "incomplete", "corrupt")
 
 
 def _usage(store: Store) -> dict[str, Any]:
-    """The object ``du --json`` prints."""
-    infos = list_snapshots(store)
+    """The object ``du --json`` prints. A partition several snapshots share (format version 4)
+    is counted once: in its stage's row, and in the total."""
+    infos, sharing = list_snapshots_sharing(store)
     stages: dict[str | None, dict[str, Any]] = {}
+    members: dict[str | None, list[str]] = {}
     others = {state: {"snapshots": 0, "bytes": 0} for state in _OTHER_STATES}
     for info in infos:
+        own = info["bytes"] - info.get("partition_bytes", 0)
         if info["state"] == "committed":
-            row = stages.setdefault(
-                info.get("stage"), {"stage": info.get("stage"), "snapshots": 0, "bytes": 0}
-            )
+            name = info.get("stage")
+            row = stages.setdefault(name, {"stage": name, "snapshots": 0, "bytes": 0})
+            members.setdefault(name, []).append(info["fingerprint"])
         else:  # a state added later is counted as incomplete rather than lost
             row = others.get(info["state"], others["incomplete"])
         row["snapshots"] += 1
-        row["bytes"] += info["bytes"]
+        row["bytes"] += own
+    for name, row in stages.items():
+        refs = {r for fp in members[name] for r in sharing.refs.get(fp, ())}
+        shared = [r for r in refs if sharing.shared(r)]
+        row["bytes"] += sum(sharing.sizes.get(r, 0) for r in refs)
+        row["partitions"] = len(refs)
+        row["shared_bytes"] = sum(sharing.sizes.get(r, 0) for r in shared)
+    loose = sharing.unreferenced()
+    shared = [r for r in sharing.users if sharing.shared(r)]
     garbage = find_garbage(store, min_age=0)
+    own_total = sum(i["bytes"] - i.get("partition_bytes", 0) for i in infos)
     return {
         "root": store.url,
         "stages": sorted(stages.values(), key=lambda r: (-r["bytes"], str(r["stage"]))),
         **others,
+        "unreferenced_partitions": {"partitions": len(loose), "bytes": sum(loose.values())},
         "garbage": {"items": len(garbage), "bytes": sum(g.bytes for g in garbage)},
-        "total_bytes": sum(i["bytes"] for i in infos),
+        "shared_bytes": sum(sharing.sizes.get(r, 0) for r in shared),
+        "saved_bytes": sum((len(sharing.users[r]) - 1) * sharing.sizes.get(r, 0) for r in shared),
+        "total_bytes": own_total + sum(sharing.sizes.values()),
     }
 
 
 def _format_usage(usage: dict[str, Any]) -> str:
+    parted = (
+        any(r["partitions"] for r in usage["stages"])
+        or usage["unreferenced_partitions"]["partitions"]
+    )
     rows = [
-        [r["stage"] or "-", str(r["snapshots"]), human_bytes(r["bytes"])] for r in usage["stages"]
-    ]
+        [r["stage"] or "-", str(r["snapshots"]), human_bytes(r["bytes"]),
+         str(r["partitions"]), human_bytes(r["shared_bytes"])]
+        for r in usage["stages"]
+    ]  # fmt: skip
     for state in _OTHER_STATES:
         if usage[state]["snapshots"]:
             row = usage[state]
-            rows.append([f"({state})", str(row["snapshots"]), human_bytes(row["bytes"])])
+            rows.append([f"({state})", str(row["snapshots"]), human_bytes(row["bytes"]), "-", "-"])
+    loose = usage["unreferenced_partitions"]
     count = sum(int(r[1]) for r in rows)
-    lines = [table(rows, ["STAGE", "SNAPSHOTS", "SIZE"])] if rows else []
+    if loose["partitions"]:
+        rows.append(
+            ["(partitions no snapshot uses)", "-", human_bytes(loose["bytes"]),
+             str(loose["partitions"]), "-"]
+        )  # fmt: skip
+    header = ["STAGE", "SNAPSHOTS", "SIZE", "PARTITIONS", "SHARED"]
+    if not parted:  # the partition columns only where there are partitions
+        rows, header = [r[:3] for r in rows], header[:3]
+    lines = [table(rows, header)] if rows else []
     lines.append(
         f"total: {count} snapshot(s), {human_bytes(usage['total_bytes'])} under {usage['root']}"
     )
+    if usage["shared_bytes"]:
+        lines.append(
+            f"shared: {human_bytes(usage['shared_bytes'])} in partitions that several snapshots "
+            f"use, counted once (sharing saves {human_bytes(usage['saved_bytes'])})"
+        )
     g = usage["garbage"]
     lines.append(
         f"reclaimable by gc: {human_bytes(g['bytes'])} in {g['items']} item(s) "

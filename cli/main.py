@@ -22,6 +22,7 @@ from snapstore.manage.catalog import (
     describe,
     diff_snapshots,
     list_snapshots,
+    list_snapshots_sharing,
     remove_snapshot,
     resolve_fingerprint,
 )
@@ -156,7 +157,7 @@ def ls_command(
     hour (one marker per hour a reader opened the snapshot), so 2026-11-24T12:00:00 means a
     read between 12:00 and 13:00 UTC.
     """
-    infos = list_snapshots(obj.store)
+    infos, sharing = list_snapshots_sharing(obj.store)
     if stage is not None:
         infos = [i for i in infos if stage in (i.get("stage") or "")]
     if older_than is not None:
@@ -166,7 +167,9 @@ def ls_command(
         limit = parse_size(larger_than)
         infos = [i for i in infos if i["bytes"] > limit]
     infos.sort(key=SORT_KEYS[sort_by], reverse=reverse)
-    total = sum(i["bytes"] for i in infos)
+    # Each snapshot's bytes include its partitions; a partition several share counts once.
+    own = sum(i["bytes"] - i.get("partition_bytes", 0) for i in infos)
+    total = own + sharing.bytes_once(i["fingerprint"] for i in infos)
     if as_json:
         payload = {"root": obj.store.url, "snapshots": infos, "total_bytes": total}
         click.echo(json.dumps(payload, indent=2))
@@ -182,13 +185,28 @@ def ls_command(
             (i.get("last_read") or "-")[:19],  # the hour, written as CREATED is
             str(i.get("samples", "-")),
             human_bytes(i["bytes"]),
+            _partitions_cell(i),
             _state(i),
         ]
         for i in infos
     ]
-    header = ["FINGERPRINT", "STAGE", "CREATED", "LAST READ", "SAMPLES", "SIZE", "STATE"]
+    header = ["FINGERPRINT", "STAGE", "CREATED", "LAST READ", "SAMPLES", "SIZE", "PARTS", "STATE"]
+    if not any(i.get("partitions") for i in infos):  # the column only where it says something
+        rows, header = [r[:6] + r[7:] for r in rows], header[:6] + header[7:]
     click.echo(table(rows, header))
-    click.echo(f"{len(infos)} snapshot(s), {human_bytes(total)} under {obj.store.url}")
+    shared = any(i.get("partitions_shared") for i in infos)
+    click.echo(
+        f"{len(infos)} snapshot(s), {human_bytes(total)} under {obj.store.url}"
+        + (" (a partition several of them share counted once)" if shared else "")
+    )
+
+
+def _partitions_cell(info: dict[str, Any]) -> str:
+    """PARTS of ``ls``: how many partitions, and how many another snapshot shares."""
+    count, shared = info.get("partitions") or 0, info.get("partitions_shared") or 0
+    if not count:
+        return "-"
+    return f"{count} ({shared} shared)" if shared else str(count)
 
 
 def _created(info: dict[str, Any]) -> float:
@@ -236,6 +254,23 @@ def info_command(obj: Context, fingerprint: str, as_json: bool, check: bool) -> 
         sys.exit(1)
 
 
+def _partition_lines(info: dict[str, Any]) -> list[str]:
+    """``info``'s partitions line: how many, and which other snapshots share some."""
+    count = info.get("partitions") or 0
+    if not count:
+        return []
+    others = info.get("shared_with") or []
+    if not info.get("partition_bytes") and not others:  # a snapshot's own, <fp>/parts/<p>
+        return [f"partitions   {count}"]
+    if not others:
+        return [f"partitions   {count}, none shared with another snapshot"]
+    names = ", ".join(fp[:12] for fp in others[:5]) + (", ..." if len(others) > 5 else "")
+    return [
+        f"partitions   {count}, {info['partitions_shared']} shared "
+        f"({human_bytes(info['shared_bytes'])}) with {len(others)} other snapshot(s): {names}"
+    ]
+
+
 def _format_info(info: dict[str, Any]) -> str:
     lines = [f"fingerprint  {info['fingerprint']}", f"state        {info['state']}"]
     if info["state"] != "committed":
@@ -249,7 +284,13 @@ def _format_info(info: dict[str, Any]) -> str:
         f"size         {human_bytes(info['stored_bytes'])} stored, "
         f"{human_bytes(info['raw_bytes'])} raw"
         f" ({ratio if ratio is not None else '-'}x)",
-        f"on store     {human_bytes(info['bytes'])} ({info['runs']} run(s))",
+        f"on store     {human_bytes(info['bytes'])} ({info['runs']} run(s)"
+        + (
+            f"; {human_bytes(info['partition_bytes'])} of it in its partitions)"
+            if info.get("partition_bytes")
+            else ")"
+        ),
+        *_partition_lines(info),
         f"version      {info['version'] or '-'}",
         f"last read    {info.get('last_read') or 'never'}"
         + (f", {info['readers']} reader(s) now" if info.get("readers") else ""),
@@ -280,6 +321,28 @@ def diff_command(obj: Context, old: str, new: str, as_json: bool) -> None:
     click.echo(f"{a[:12]} -> {b[:12]}")
     for sentence in result["differences"] or ["no fingerprint part differs"]:
         click.echo(f"  {sentence}")
+    for line in _partition_diff_lines(result["partitions"]):
+        click.echo(line)
+
+
+def _partition_diff_lines(partitions: dict[str, list[str]] | None) -> list[str]:
+    """``diff``'s partitions: counts and stage keys, then the new and dropped partitions by the
+    first 12 digits of their fingerprints."""
+    if partitions is None:
+        return []
+    counts = ", ".join(f"{len(partitions[k])} {k}" for k in ("shared", "new", "dropped"))
+    old = {r.split("/")[0][:12] for r in partitions["shared"] + partitions["dropped"]}
+    new = {r.split("/")[0][:12] for r in partitions["shared"] + partitions["new"]}
+    sides = (old, new) if old != new else (old,)
+    keys = " -> ".join(", ".join(sorted(k)) or "none" for k in sides)
+    lines = [f"  partitions: {counts} (stage key {keys})"]
+    for kind in ("new", "dropped"):
+        refs = partitions[kind]
+        if refs:
+            shown = ", ".join(r.split("/")[1][:12] for r in refs[:8])
+            more = f" and {len(refs) - 8} more" if len(refs) > 8 else ""
+            lines.append(f"    {kind:<8} {shown}{more}")
+    return lines
 
 
 @main.command("rm")

@@ -9,7 +9,7 @@ from typing import Any
 import click
 
 from snapstore.manage.catalog import list_fingerprints, resolve_fingerprint
-from snapstore.manage.verify import VerifyReport, verify_snapshot
+from snapstore.manage.verify import SharedChecks, VerifyReport, verify_snapshot
 
 from .common import Context, human_bytes, no_snapshots
 
@@ -43,7 +43,12 @@ class _Progress:
 
 def _format_report(report: VerifyReport) -> list[str]:
     state = "OK" if report.ok else "FAILED"
-    counts = f"{report.blocks} block(s), {human_bytes(report.bytes)}, {report.seconds:.2f}s"
+    reused = (
+        f" ({human_bytes(report.bytes_reused)} in partitions checked before)"
+        if report.bytes_reused
+        else ""
+    )
+    counts = f"{report.blocks} block(s), {human_bytes(report.bytes)}{reused}, {report.seconds:.2f}s"
     if report.errors:
         counts += f", {len(report.errors)} problem(s)"
     if report.warnings:
@@ -74,8 +79,9 @@ def verify_command(
     """Read every block of snapshots and check it; report every problem.
 
     Checks the commit record, manifest and block index, each shard's size, magic and footer,
-    and each block's length, CRC-32, decoding and row count. Files in a run directory that the
-    manifest does not name are reported as warnings. Exit status 1 if any snapshot fails.
+    and each block's length, checksum, decoding and row count. Files in a run directory that
+    the manifest does not name are reported as warnings. A partition several snapshots share
+    is read once. Exit status 1 if any snapshot fails.
     """
     if verify_all == bool(fingerprints):
         raise click.UsageError("give fingerprints (or unique prefixes) or --all, not both")
@@ -85,10 +91,11 @@ def verify_command(
     else:  # every name resolves before anything is read
         resolved = list(dict.fromkeys(resolve_fingerprint(store, p) for p in fingerprints))
     reports = []
+    checked = SharedChecks()  # a partition several of them share is read once
     for fp in resolved:
         progress = _Progress(fp[:12])
         try:
-            report = verify_snapshot(store, fp, progress=progress, jobs=jobs)
+            report = verify_snapshot(store, fp, progress=progress, jobs=jobs, checked=checked)
         finally:
             progress.close()
         reports.append(report)
@@ -96,12 +103,18 @@ def verify_command(
             click.echo("\n".join(_format_report(report)))
     failed = sum(not r.ok for r in reports)
     if as_json:
-        data = {"root": store.url, "snapshots": [r.to_json() for r in reports]}
+        data = {
+            "root": store.url,
+            "snapshots": [r.to_json() for r in reports],
+            "partitions": len(checked.partitions),
+        }
         click.echo(json.dumps(data, indent=2))
     elif not reports:
         click.echo(no_snapshots(store))
     else:
-        click.echo(f"{len(reports)} snapshot(s) verified, {failed} failed")
+        shared = len(checked.partitions)
+        once = f"; {shared} shared partition(s), each read once" if shared else ""
+        click.echo(f"{len(reports)} snapshot(s) verified, {failed} failed{once}")
     if failed:
         sys.exit(1)
 

@@ -21,6 +21,7 @@ from snapstore.format.checksums import CRC32, CRC32C, Checksum
 from snapstore.manage.copy import _BlockChecker, copy_run_name, copy_snapshot
 from snapstore.read.reader import load_manifest
 from snapstore.storage.store import FsspecStore, LocalStore, Store, open_store
+from snapstore.write.partitions import commit_partitions, write_partition
 from snapstore.write.writer import WriteOptions
 
 # Small blocks and shards: a few hundred samples make several shards of several blocks.
@@ -103,8 +104,8 @@ def test_cli_memory_to_local_json(tmp_path: Path) -> None:
     assert code == 0, out
     data = json.loads(out)
     assert set(data) == {
-        "fingerprint", "source", "destination", "bytes_copied", "bytes_skipped", "files",
-        "seconds", "status",
+        "fingerprint", "source", "destination", "bytes_copied", "bytes_skipped",
+        "partitions_copied", "partitions_present", "files", "seconds", "status",
     }  # fmt: skip
     assert data["fingerprint"] == fp and data["status"] == "copied"
     assert data["destination"] == str(Path(dest).absolute()) and data["source"].endswith(
@@ -139,20 +140,40 @@ def test_local_to_gcs_and_back(tmp_path: Path, gcs_root: tuple[str, dict[str, An
     assert samples(fp, back) == samples(fp, tmp_path / "src")
 
 
-def test_partitioned_source_becomes_a_flat_run(tmp_path: Path) -> None:
+def test_numbered_partitions_become_a_flat_run(tmp_path: Path) -> None:
     src = LocalStore(tmp_path / "src")
-    parted = snapstore.snapshot(parted_stage, root=src, partition_by="items", options=SMALL)
-    fp = str(parted([1, 2, 3]).materialize().fingerprint)
+    fp = "ab" * 16  # a snapshot with partitions of its own, <fp>/parts/<p>, as engines write
+    for p, item in enumerate([1, 2, 3]):
+        write_partition(src, fp, p, lambda item=item: parted_stage([item]), options=SMALL)
+    assert commit_partitions(src, fp, 3)
     source = load_manifest(src, fp)
     assert all("dir" in s for s in source["shards"])  # really partitioned
     dst = memory_store()
     result = copy_snapshot(src, fp, dst, chunk_bytes=700)
     copied = load_manifest(dst, fp)
-    assert result.committed
+    assert result.committed and result.partitions_copied == 0
     assert [s["path"] for s in copied["shards"]] == [
         f"shard-{i:05d}.snap" for i in range(len(source["shards"]))
     ]
     assert not any("dir" in s for s in copied["shards"])
+    assert copied["index"] == source["index"] and copied["num_samples"] == 120
+    assert samples(fp, dst) == samples(fp, src)
+
+
+def test_shared_partitions_are_copied_with_the_snapshot(tmp_path: Path) -> None:
+    src = LocalStore(tmp_path / "src")
+    parted = snapstore.snapshot(parted_stage, root=src, partition_by="items", options=SMALL)
+    fp = str(parted([1, 2, 3]).materialize().fingerprint)
+    source = load_manifest(src, fp)
+    assert all("shared" in s for s in source["shards"])  # really partitioned (shared ones)
+    dst = memory_store()
+    result = copy_snapshot(src, fp, dst, chunk_bytes=700)
+    copied = load_manifest(dst, fp)
+    assert result.committed and result.partitions_copied == len(source["shared_partitions"])
+    assert copied["shards"] == source["shards"] or all("shared" in s for s in copied["shards"])
+    assert copied["shared_partitions"] == source["shared_partitions"]
+    for ref in copied["shared_partitions"]:
+        assert dst.exists(f"parts/{ref}/COMMIT")
     assert copied["index"] == source["index"] and copied["num_samples"] == 120
     assert samples(fp, dst) == samples(fp, src)
 

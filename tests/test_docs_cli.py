@@ -34,6 +34,7 @@ from click.testing import CliRunner
 
 import snapstore
 from snapstore.cli.main import main
+from snapstore.manage.copy import copy_snapshot
 
 DOC = Path(__file__).resolve().parents[1] / "docs" / "cli.md"
 ELIDED = "__elided__"
@@ -64,6 +65,21 @@ EXAMPLES: dict[str, list[str]] = {
     ],
     "snapstore bench b2c1 --simulate-ttfb 50ms --simulate-bandwidth 200MB/s --json": [
         "bench", "{big}", "--simulate-ttfb", "50ms", "--simulate-bandwidth", "200MB/s", "--json",
+    ],
+    # Snapshots that share partitions: {grow_all} (d4f7 on the page: 40 files), {grow_prefix}
+    # (3b28: the first 20), {grow_added} (5d1c: 41 files); {grow_copy} holds a copy of 3b28.
+    "snapstore --root /tmp/growdemo info --json 3b28": [
+        "--root", "{grow_root}", "info", "--json", "{grow_prefix}",
+    ],
+    "snapstore --root /tmp/growdemo diff --json d4f7 5d1c": [
+        "--root", "{grow_root}", "diff", "--json", "{grow_all}", "{grow_added}",
+    ],
+    "snapstore --root /tmp/growdemo du --json": ["--root", "{grow_root}", "du", "--json"],
+    "snapstore --root /tmp/growdemo cp d4f7 /tmp/growcopy --json": [
+        "--root", "{grow_root}", "cp", "{grow_all}", "{grow_copy}", "--json",
+    ],
+    "snapstore --root /tmp/growdemo verify --all --json": [
+        "--root", "{grow_root}", "verify", "--all", "--json",
     ],
 }  # fmt: skip
 # Run before the reader of {big} opens (gc keeps what a reader holds open; the page's gc runs on
@@ -155,15 +171,49 @@ def json_type(value: Any) -> str:
     return "number" if isinstance(value, (int, float)) else type(value).__name__
 
 
-def example_stage_source(root: Path) -> str:
-    """The page's example stage (the first Python block after "## Example root"), writing
-    under ``root`` instead of /tmp/snapdemo."""
+def example_stage_source(
+    root: Path, heading: str = "## Example root", page_root: str = "/tmp/snapdemo"
+) -> str:
+    """The page's example stage (the first Python block after ``heading``), writing under
+    ``root`` instead of ``page_root``."""
     text = DOC.read_text()
-    after = text[text.index("## Example root") :]
+    after = text[text.index(heading) :]
     source = next(lines for info, lines in fenced_blocks(after) if info == "python")
     code = "\n".join(source)
-    assert '"/tmp/snapdemo"' in code, "the example stage no longer writes to /tmp/snapdemo"
-    return code.replace('"/tmp/snapdemo"', repr(str(root)))
+    assert f'"{page_root}"' in code, f"the example stage no longer writes to {page_root}"
+    return code.replace(f'"{page_root}"', repr(str(root)))
+
+
+def build_shared(base: Path) -> dict[str, str]:
+    """The root of "Snapshots that share partitions": the page's stage over 40 files, the first
+    20, and the 40 with one added; and a copy of the 20 at another root."""
+    root, data, modules = base / "growdemo", base / "growdata", base / "growmodules"
+    data.mkdir()
+    modules.mkdir()
+    heading = "## Snapshots that share partitions"
+    (modules / "grow.py").write_text(example_stage_source(root, heading, "/tmp/growdemo"))
+    for i in range(40):
+        (data / f"f{i:02d}.txt").write_text(f"day one file {i:02d}\n")
+    sys.path.insert(0, str(modules))
+    try:
+        sys.modules.pop("grow", None)
+        lengths = importlib.import_module("grow").lengths
+        paths = sorted(str(p) for p in data.glob("*.txt"))
+        every = lengths(snapstore.files(paths)).materialize()
+        prefix = lengths(snapstore.files(paths[:20])).materialize()
+        (data / "f10b.txt").write_text("a file that came later\n")
+        added = lengths(snapstore.files(sorted(str(p) for p in data.glob("*.txt"))))
+        added.materialize()
+    finally:
+        sys.path.remove(str(modules))
+        sys.modules.pop("grow", None)
+    copy_snapshot(str(root), prefix.fingerprint, str(base / "growcopy"))
+    for snap in (every, prefix, added):
+        snap.close()
+    return {
+        "grow_root": str(root), "grow_all": every.fingerprint, "grow_prefix": prefix.fingerprint,
+        "grow_added": added.fingerprint, "grow_copy": str(base / "growcopy"),
+    }  # fmt: skip
 
 
 def small(seed: int) -> Iterator[dict[str, int]]:
@@ -215,7 +265,7 @@ def build(base: Path) -> tuple[dict[str, str], snapstore.Snapshot]:
     names = {
         "root": str(root), "big": big.fingerprint, "small": small_snap.fingerprint,
         "incomplete": incomplete, "root2": str(root2), "corrupt": corrupt.fingerprint,
-        "good": good.fingerprint, "verify_root": str(verify_root),
+        "good": good.fingerprint, "verify_root": str(verify_root), **build_shared(base),
     }  # fmt: skip
     return names, big
 
@@ -260,6 +310,27 @@ def test_the_info_example_shows_the_parts_of_this_release(real_outputs: dict[str
     shown = dict(line.split() for line in lines if re.fullmatch(r"  (format|scheme) +\w+", line))
     parts = real_outputs["snapstore info --json b2c1"]["fingerprint_parts"]
     assert shown == {name: parts[name][:16] for name in ("format", "scheme")}
+
+
+def test_the_shared_partition_examples_show_the_real_counts(real_outputs: dict[str, Any]) -> None:
+    """How many partitions are shared, new, dropped, copied and checked follows from the file
+    names alone (content-defined boundaries): the page's counts are the real ones."""
+    doc = doc_examples()
+    for command, path in [
+        ("snapstore --root /tmp/growdemo info --json 3b28", ("partitions",)),
+        ("snapstore --root /tmp/growdemo info --json 3b28", ("partitions_shared",)),
+        ("snapstore --root /tmp/growdemo du --json", ("stages", 0, "partitions")),
+        ("snapstore --root /tmp/growdemo cp d4f7 /tmp/growcopy --json", ("partitions_copied",)),
+        ("snapstore --root /tmp/growdemo cp d4f7 /tmp/growcopy --json", ("partitions_present",)),
+        ("snapstore --root /tmp/growdemo verify --all --json", ("partitions",)),
+    ]:
+        shown, real = doc[command], real_outputs[command]
+        for key in path:
+            shown, real = shown[key], real[key]
+        assert shown == real, (command, path)
+    shown = doc["snapstore --root /tmp/growdemo diff --json d4f7 5d1c"]["partitions"]
+    real = real_outputs["snapstore --root /tmp/growdemo diff --json d4f7 5d1c"]["partitions"]
+    assert {k: len(v) for k, v in shown.items()} == {k: len(v) for k, v in real.items()}
 
 
 def test_the_comparison_catches_what_it_must() -> None:

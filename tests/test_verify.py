@@ -244,11 +244,14 @@ def test_all_and_json_shape(tmp_path: Path) -> None:
     code, out = run("--root", root, "verify", "--all", "--json")
     assert code == 1
     data = json.loads(out)
-    assert list(data) == ["root", "snapshots"] and data["root"] == LocalStore(root).url
+    assert list(data) == ["root", "snapshots", "partitions"]
+    assert data["root"] == LocalStore(root).url and data["partitions"] == 0
     by_fp = {s["fingerprint"]: s for s in data["snapshots"]}
     assert set(by_fp) == {good, bad}
     for snap in data["snapshots"]:
-        assert list(snap) == ["fingerprint", "ok", "blocks", "bytes", "seconds", "problems"]
+        assert list(snap) == [
+            "fingerprint", "ok", "blocks", "bytes", "bytes_reused", "seconds", "problems",
+        ]  # fmt: skip
         assert isinstance(snap["blocks"], int) and isinstance(snap["bytes"], int)
         assert isinstance(snap["seconds"], float) and snap["blocks"] > 0
     assert by_fp[good]["ok"] is True and by_fp[good]["problems"] == []

@@ -18,13 +18,22 @@ from ..storage.claims import inspect_claim
 from ..storage.listing import ListedStore, fingerprint_trees, map_concurrently, root_missing
 from ..storage.pins import last_read, list_pins, live_pins
 from ..storage.store import Store, StoreLike, as_store
-from ..write.partitions import PARTS_DIR
+from ..write.partitions import PARTS_DIR, SHARED_DIR
+from .sharing import (
+    Sharing,
+    diff_partitions,
+    list_partitions,
+    partition_refs,
+    partition_sizes,
+    read_references,
+)
 
 __all__ = [
     "describe",
     "diff_snapshots",
     "list_fingerprints",
     "list_snapshots",
+    "list_snapshots_sharing",
     "previous_of_stage",
     "remove_snapshot",
     "resolve_fingerprint",
@@ -35,6 +44,11 @@ __all__ = [
 def describe(store: StoreLike, fingerprint: str) -> dict[str, Any]:
     """A JSON-able summary of one fingerprint's directory, committed or not.
 
+    A committed snapshot assembled from shared partitions (format version 4) counts them in
+    ``bytes`` and says how many another committed snapshot references too
+    (``partitions_shared``, ``shared_bytes``, ``shared_with``): for that, the manifests of the
+    root's other committed snapshots are read (concurrently) and its stage's partitions listed.
+
     ``state`` is ``committed``, ``writing`` (not committed, and a job holds a live claim on it
     or on one of its partitions: ``writer`` names it), ``incomplete`` (runs or partitions
     without a commit and no live claim: left by a crash) or ``corrupt`` (a commit record whose
@@ -44,6 +58,28 @@ def describe(store: StoreLike, fingerprint: str) -> dict[str, Any]:
     ``partitions_committed``: the partitions a rerun will not compute again.
     """
     store = as_store(store)
+    info, refs = _describe(store, fingerprint)
+    if refs:
+        others = [fp for fp in list_fingerprints(store) if fp != fingerprint]
+        sharing = Sharing(
+            {**read_references(store, others), fingerprint: refs},
+            partition_sizes(list_partitions(store, refs)),
+        )
+        _account(info, sharing)
+    return info
+
+
+def _account(info: dict[str, Any], sharing: Sharing) -> None:
+    """Fill a committed snapshot's partition keys from ``sharing``; its partitions' bytes are
+    added to ``bytes``."""
+    summary = sharing.summary(info["fingerprint"])
+    info["bytes"] += summary["partition_bytes"]
+    info.update(summary)  # the keys are there already, in their place
+
+
+def _describe(store: Store, fingerprint: str) -> tuple[dict[str, Any], list[str]]:
+    """:func:`describe` without the accounting of shared partitions, and the partitions the
+    snapshot references (empty unless committed and assembled from shared partitions)."""
     if not isinstance(store, ListedStore):  # one recursive listing answers every directory
         store = ListedStore(store, fingerprint, store.list_tree(fingerprint))
     runs = store.list_dir(f"{fingerprint}/runs")
@@ -66,12 +102,13 @@ def describe(store: StoreLike, fingerprint: str) -> dict[str, Any]:
         info.update(state=state, bytes=store.disk_usage(fingerprint))
         if writer:
             info["writer"] = writer
-        return info
+        return info, []
     try:
         manifest = load_manifest(store, fingerprint)
+        refs = partition_refs(manifest)
     except FormatError as exc:
         info.update(state="corrupt", error=str(exc), bytes=store.disk_usage(fingerprint))
-        return info
+        return info, []
     raw, stored = int(manifest["raw_bytes"]), int(manifest["stored_bytes"])
     info.update(
         state="committed",
@@ -86,13 +123,18 @@ def describe(store: StoreLike, fingerprint: str) -> dict[str, Any]:
         stored_bytes=stored,
         compression_ratio=round(raw / stored, 3) if stored else None,
         bytes=store.disk_usage(fingerprint),
+        partitions=int(manifest.get("partitions") or 0),
+        partitions_shared=0,
+        partition_bytes=0,
+        shared_bytes=0,
+        shared_with=[],
         schema=manifest["schema"],
         fingerprint_parts=manifest.get("fingerprint_parts", {}),
         fingerprint_details=manifest.get("fingerprint_details", {}),
         version=manifest.get("version"),
         format_version=manifest.get("format_version"),
     )
-    return info
+    return info, refs
 
 
 def _partitions_written(store: Store, fingerprint: str, now: float) -> tuple[int, str | None]:
@@ -114,10 +156,24 @@ def list_snapshots(store: StoreLike) -> list[dict[str, Any]]:
     snapshots described concurrently from those listings: only their reads (commit records,
     manifests, pins, claims) are requests of their own.
     """
+    return list_snapshots_sharing(store)[0]
+
+
+def list_snapshots_sharing(store: StoreLike) -> tuple[list[dict[str, Any]], Sharing]:
+    """:func:`list_snapshots`, and who references which shared partition with their bytes (the
+    root's ``parts/`` directory is listed with the fingerprint directories, at once)."""
     store = as_store(store)
     trees = fingerprint_trees(store)
     names = [fp for fp, tree in trees.items() if _holds_snapshot(tree)]
-    return map_concurrently(lambda fp: describe(ListedStore(store, fp, trees[fp]), fp), names)
+    found = map_concurrently(lambda fp: _describe(ListedStore(store, fp, trees[fp]), fp), names)
+    sharing = Sharing(
+        {info["fingerprint"]: refs for info, refs in found if refs},
+        partition_sizes(trees.get(SHARED_DIR, {})),
+    )
+    for info, refs in found:
+        if refs:
+            _account(info, sharing)
+    return [info for info, _ in found], sharing
 
 
 def _holds_snapshot(tree: dict[str, int]) -> bool:
@@ -174,7 +230,10 @@ def _refuse_if_pinned(store: Store, fingerprint: str) -> None:
 
 def stored_fingerprint(store: Store, fingerprint: str) -> Fingerprint:
     """The fingerprint (digest, parts, details) recorded in a committed snapshot's manifest."""
-    manifest = load_manifest(store, fingerprint)
+    return _recorded_fingerprint(fingerprint, load_manifest(store, fingerprint))
+
+
+def _recorded_fingerprint(fingerprint: str, manifest: dict[str, Any]) -> Fingerprint:
     return Fingerprint(
         fingerprint,
         dict(manifest.get("fingerprint_parts") or {}),
@@ -188,16 +247,22 @@ def diff_snapshots(store: StoreLike, a: str, b: str) -> dict[str, Any]:
     Returns
     -------
     dict
-        ``{"a", "b", "differences": [sentences], "parts": {name: {"a", "b", "same"}}}``.
+        ``{"a", "b", "differences": [sentences], "parts": {name: {"a", "b", "same"}},
+        "partitions"}``; ``partitions`` is None unless one of them is assembled from shared
+        partitions, else ``{"shared", "new", "dropped"}``: lists of partitions
+        (``<stage key>/<partition fp>``) in both, only in ``b`` and only in ``a``.
     """
     store = as_store(store)
-    fa, fb = stored_fingerprint(store, a), stored_fingerprint(store, b)
+    ma, mb = map_concurrently(lambda fp: load_manifest(store, fp), [a, b])
+    fa, fb = _recorded_fingerprint(a, ma), _recorded_fingerprint(b, mb)
     names = sorted(set(fa.parts) | set(fb.parts))
     parts = {
         n: {"a": fa.parts.get(n), "b": fb.parts.get(n), "same": fa.parts.get(n) == fb.parts.get(n)}
         for n in names
     }
-    return {"a": a, "b": b, "differences": diff_parts(fa, fb), "parts": parts}
+    partitions = diff_partitions(partition_refs(ma), partition_refs(mb))
+    differences = diff_parts(fa, fb)
+    return {"a": a, "b": b, "differences": differences, "parts": parts, "partitions": partitions}
 
 
 def previous_of_stage(store: Store, stage: str, exclude: str) -> str | None:

@@ -13,9 +13,23 @@ leaves an uncommitted run that the next attempt finds again. There, a shard of t
 whose blocks all verify is kept (counted in ``bytes_skipped``); any other file of that name, a
 partial upload or a torn write, is removed and copied again.
 
-A partitioned snapshot (shard entries with a ``dir``) is flattened: every shard lands in the
-run directory as ``shard-NNNNN.snap`` numbered by its position in the manifest, so the block
-index, whose rows name shards by that position, is copied unchanged.
+A snapshot with partitions of its own (shard entries with a ``dir``: ``<fp>/parts/<p>``) is
+flattened: every shard lands in the run directory as ``shard-NNNNN.snap`` numbered by its
+position in the manifest, so the block index, whose rows name shards by that position, is
+copied unchanged.
+
+A snapshot assembled from **shared partitions** (format version 4: ``shared_partitions``, shard
+entries with ``shared``) is copied with its partitions, each to the same place at the
+destination, ``parts/<stage key>/<partition fp>``: one set of listings of the destination's
+partition directories says which are committed there already, and those are not copied (a
+committed partition is the same data wherever it was computed, as a committed snapshot is).
+Each other partition is copied as a snapshot of its own: its shards (checked as above) into
+``runs/copy-<source run>/``, then its index and manifest, then its ``COMMIT``, created only if
+absent, so a partition is visible at the destination only when whole. Last the snapshot's own
+run is written, its block index assembled from the destination's partitions (as a writer
+assembles one), and its ``COMMIT``. Partitions are copied concurrently, never one request
+after another per partition; an interrupted copy keeps the partitions it committed and resumes
+the others shard by shard.
 
 Memory is bounded by ``jobs * chunk_bytes`` (plus what a backend buffers per open upload; an
 :class:`~snapstore.storage.store.FsspecStore` spools past 8 MiB to a temporary file).
@@ -40,8 +54,11 @@ from ..format import layout as fmt
 from ..format.checksums import Checksum, file_checksum
 from ..oldpaths import historic_name
 from ..read.reader import SnapshotReader
+from ..storage.listing import map_concurrently
 from ..storage.store import Store, StoreLike, as_store
+from ..write.partitions import SHARED_DIR
 from ..write.writer import publish
+from .sharing import list_partitions, partition_refs
 
 __all__ = ["CopyProgress", "CopyResult", "copy_run_name", "copy_snapshot"]
 
@@ -81,6 +98,10 @@ class CopyResult:
     status : {"copied", "already present"}
         ``"already present"`` when the destination had (or, racing another writer, got) a
         committed snapshot of this fingerprint; nothing was then changed there.
+    partitions_copied : int
+        Shared partitions this call copied and committed at the destination.
+    partitions_present : int
+        Shared partitions of the snapshot already committed at the destination, not copied.
     """
 
     fingerprint: str
@@ -92,6 +113,8 @@ class CopyResult:
     files: int
     seconds: float
     status: Literal["copied", "already present"]
+    partitions_copied: int = 0
+    partitions_present: int = 0
 
     @property
     def already_present(self) -> bool:
@@ -111,6 +134,8 @@ class CopyResult:
             "destination": self.destination,
             "bytes_copied": self.bytes_copied,
             "bytes_skipped": self.bytes_skipped,
+            "partitions_copied": self.partitions_copied,
+            "partitions_present": self.partitions_present,
             "files": self.files,
             "seconds": round(self.seconds, 3),
             "status": self.status,
@@ -187,9 +212,18 @@ class _Copier:
     """One copy: the jobs, the shared progress counter and the per-shard work."""
 
     def __init__(
-        self, src: Store, dst: Store, chunk_bytes: int, progress: CopyProgress | None, total: int
+        self,
+        src: Store,
+        dst: Store,
+        chunk_bytes: int,
+        progress: CopyProgress | None,
+        total: int,
+        listed: dict[str, int] | None = None,
     ) -> None:
         self.src, self.dst = src, dst
+        # The destination's files and sizes where a listing already says (a path absent from
+        # it is absent): no request per shard to find out.
+        self.listed = listed
         self.chunk_bytes = chunk_bytes
         self._progress = progress
         self._total = total
@@ -219,7 +253,10 @@ class _Copier:
     def present(self, job: _ShardJob) -> bool:
         """Whether the destination already holds this shard whole (size and every block)."""
         try:
-            if not self.dst.exists(job.dest) or self.dst.size(job.dest) != job.size:
+            if self.listed is not None:
+                if self.listed.get(job.dest) != job.size:
+                    return False
+            elif not self.dst.exists(job.dest) or self.dst.size(job.dest) != job.size:
                 return False
             checker = _BlockChecker(job.blocks, self.dst.join(job.dest), job.checksum)
             for _ in self._stream(self.dst, job.dest, job.size, checker):
@@ -234,7 +271,8 @@ class _Copier:
             log.info("kept %s: already copied and verified", self.dst.join(job.dest))
             self._advance(job.size)
             return 0, job.size
-        self.dst.remove_tree(job.dest)  # a partial or torn file from an interrupted copy
+        if self.listed is None or job.dest in self.listed:
+            self.dst.remove_tree(job.dest)  # a partial or torn file from an interrupted copy
         checker = _BlockChecker(job.blocks, self.src.join(job.source), job.checksum)
         with self.dst.open_write(job.dest) as out:
             for chunk in self._stream(self.src, job.source, job.size, checker):
@@ -269,7 +307,12 @@ def _source(src: Store, fingerprint: str) -> tuple[SnapshotReader, bytes]:
         raise SnapshotNotFoundError(
             f"{fingerprint!r} is not a fingerprint: expected the hex digits `snapstore ls` shows"
         )
-    reader = SnapshotReader(src, fingerprint, decode_threads=1)
+    return _open_source(src, fingerprint)
+
+
+def _open_source(src: Store, where: str) -> tuple[SnapshotReader, bytes]:
+    """A committed snapshot's (or shared partition's) reader and its index bytes."""
+    reader = SnapshotReader(src, where, decode_threads=1)
     meta = reader.manifest["index"]
     path = f"{reader.run_dir}/{fmt.check_name(meta['path'], 'index')}"
     index_bytes = src.read_bytes(path)
@@ -349,20 +392,41 @@ def copy_snapshot(
     started = time.monotonic()
     reader, index_bytes = _source(src, fingerprint)
 
-    def result(run: str | None, copied: int, skipped: int, files: int) -> CopyResult:
+    def result(run: str | None, done: _Done, files: int) -> CopyResult:
         return CopyResult(
-            fingerprint, src.url, dst.url, run, copied, skipped, files,
+            fingerprint, src.url, dst.url, run, done.copied, done.skipped, files,
             time.monotonic() - started, "copied" if run else "already present",
+            done.partitions_copied, done.partitions_present,
         )  # fmt: skip
 
     commit_path = f"{fingerprint}/{fmt.COMMIT_NAME}"
     if dst.exists(commit_path):
         log.info("%s already holds snapshot %s; nothing to copy", dst.url, fingerprint)
-        return result(None, 0, 0, 0)
+        return result(None, _Done(0, 0, 0), 0)
     run = copy_run_name(str(reader.manifest["run"]))
     run_dir = f"{fingerprint}/runs/{run}"
-    shards = reader.manifest["shards"]
-    shard_jobs = [
+    if partition_refs(reader.manifest):
+        done = _copy_partitions(src, dst, reader, jobs, chunk_bytes, progress)
+        index_bytes, manifest = _assembled(dst, reader, run)
+    else:
+        flat = _flat_jobs(reader, run_dir)
+        copier = _Copier(src, dst, chunk_bytes, progress, sum(job.size for job in flat))
+        done = _Done(*copier.run(flat, jobs))
+        manifest = _flat_manifest(reader.manifest, run)
+    # Left by an attempt that stopped between these writes and the commit: written afresh.
+    for name in (fmt.INDEX_NAME, fmt.MANIFEST_NAME):
+        dst.remove_tree(f"{run_dir}/{name}")
+    won = publish(dst, fingerprint, run, index_bytes, manifest)
+    if not won:
+        log.info("another writer committed %s at %s first; removing %s", fingerprint, dst.url, run)
+        dst.remove_tree(run_dir)
+        return result(None, done, 0)
+    return result(run, done, done.files + 3)
+
+
+def _flat_jobs(reader: SnapshotReader, run_dir: str) -> list[_ShardJob]:
+    """The shards of a snapshot copied into one run directory, numbered in manifest order."""
+    return [
         _ShardJob(
             source=reader.shard_paths[i],
             dest=f"{run_dir}/shard-{i:05d}.snap",
@@ -370,17 +434,172 @@ def copy_snapshot(
             blocks=reader.index[reader.index["shard"] == i],
             checksum=reader.checksum,
         )
-        for i, entry in enumerate(shards)
+        for i, entry in enumerate(reader.manifest["shards"])
     ]
-    total = sum(job.size for job in shard_jobs)
-    copier = _Copier(src, dst, chunk_bytes, progress, total)
-    copied, skipped, shard_files = copier.run(shard_jobs, jobs)
-    # Left by an attempt that stopped between these writes and the commit: written afresh.
-    for name in (fmt.INDEX_NAME, fmt.MANIFEST_NAME):
-        dst.remove_tree(f"{run_dir}/{name}")
-    won = publish(dst, fingerprint, run, index_bytes, _flat_manifest(reader.manifest, run))
-    if not won:
-        log.info("another writer committed %s at %s first; removing %s", fingerprint, dst.url, run)
-        dst.remove_tree(run_dir)
-        return result(None, copied, skipped, 0)
-    return result(run, copied, skipped, shard_files + 3)
+
+
+@dataclass(frozen=True)
+class _Done:
+    """What the shard copies and partition commits of one copy did."""
+
+    copied: int  # shard bytes transferred
+    skipped: int  # shard bytes found whole at the destination
+    files: int  # files written: shards, and each partition's index, manifest and COMMIT
+    partitions_copied: int = 0
+    partitions_present: int = 0
+
+
+def _partition_runs(reader: SnapshotReader) -> dict[str, str]:
+    """The run of each shared partition that the snapshot's shards are in (a partition without
+    samples has no shard: it is absent here)."""
+    runs: dict[str, str] = {}
+    for entry in reader.manifest["shards"]:
+        where = entry.get("shared")
+        parts = where.split("/") if isinstance(where, str) else []
+        if len(parts) != 4 or parts[2] != "runs":
+            raise FormatError(
+                f"manifest of {reader.fingerprint}: a snapshot made of shared partitions has "
+                f"the shard entry {entry!r}; expected 'shared': '<stage key>/<partition fp>/"
+                "runs/<run>'. The snapshot is corrupt: remove it and rebuild it"
+            )
+        ref, run = "/".join(parts[:2]), parts[3]
+        if runs.setdefault(ref, run) != run:
+            raise FormatError(
+                f"manifest of {reader.fingerprint}: partition {ref} has shards in two runs "
+                f"({runs[ref]} and {run}); the snapshot is corrupt: remove it and rebuild it"
+            )
+    return runs
+
+
+def _open_partition(src: Store, ref: str, run: str | None) -> tuple[SnapshotReader, bytes]:
+    """A source partition's reader and index bytes, checked to be the run the snapshot reads."""
+    reader, index_bytes = _open_source(src, f"{SHARED_DIR}/{ref}")
+    if run is not None and reader.manifest["run"] != run:
+        raise FormatError(
+            f"partition {src.join(f'{SHARED_DIR}/{ref}')} is committed as run "
+            f"{reader.manifest['run']}, but the snapshot reads its run {run}; run "
+            "`snapstore verify` on the snapshot"
+        )
+    return reader, index_bytes
+
+
+def _partition_jobs(reader: SnapshotReader, run_dir: str) -> list[_ShardJob]:
+    """A partition's shards, copied under their own names into ``run_dir``."""
+    jobs = []
+    for i, (entry, path) in enumerate(zip(reader.manifest["shards"], reader.shard_paths)):
+        name = path.rsplit("/", 1)[-1]
+        if path != f"{reader.run_dir}/{name}":
+            raise FormatError(
+                f"partition {reader.fingerprint}: expected its shards in its run directory "
+                f"{reader.run_dir}, found {path}"
+            )
+        blocks = reader.index[reader.index["shard"] == i]
+        size = int(entry["size"])
+        jobs.append(_ShardJob(path, f"{run_dir}/{name}", size, blocks, reader.checksum))
+    return jobs
+
+
+def _copy_partitions(
+    src: Store,
+    dst: Store,
+    reader: SnapshotReader,
+    threads: int,
+    chunk_bytes: int,
+    progress: CopyProgress | None,
+) -> _Done:
+    """Copy and commit every shared partition of the snapshot not committed at the destination
+    (module docstring); the destination's partition directories are listed once."""
+    refs = list(dict.fromkeys(partition_refs(reader.manifest)))
+    runs = _partition_runs(reader)
+    listed = {f"{SHARED_DIR}/{rel}": n for rel, n in list_partitions(dst, refs).items()}
+    missing = [r for r in refs if f"{SHARED_DIR}/{r}/{fmt.COMMIT_NAME}" not in listed]
+    sources = map_concurrently(lambda ref: _open_partition(src, ref, runs.get(ref)), missing)
+    targets = [
+        f"{SHARED_DIR}/{ref}/runs/{copy_run_name(str(part.manifest['run']))}"
+        for ref, (part, _) in zip(missing, sources)
+    ]
+    jobs = [j for (part, _), where in zip(sources, targets) for j in _partition_jobs(part, where)]
+    total = sum(job.size for job in jobs)
+    copier = _Copier(src, dst, chunk_bytes, progress, total, listed)
+    copied, skipped, shard_files = copier.run(jobs, threads)
+
+    def commit(item: tuple[tuple[SnapshotReader, bytes], str]) -> bool:
+        (part, index_bytes), run_dir = item
+        for name in (fmt.INDEX_NAME, fmt.MANIFEST_NAME):  # left by an interrupted copy
+            if f"{run_dir}/{name}" in listed:
+                dst.remove_tree(f"{run_dir}/{name}")
+        where, run = run_dir.split("/runs/")
+        won = publish(dst, where, run, index_bytes, _copied_manifest(part.manifest, run))
+        if not won:  # committed meanwhile by another job: that run is the partition
+            dst.remove_tree(run_dir)
+        return won
+
+    won = map_concurrently(commit, list(zip(sources, targets)))
+    log.info("copied %d partition(s); %d already at %s", len(missing), len(refs) - len(missing),
+             dst.url)  # fmt: skip
+    files = shard_files + 3 * sum(won)
+    return _Done(copied, skipped, files, len(missing), len(refs) - len(missing))
+
+
+def _copied_manifest(manifest: dict[str, Any], run: str) -> dict[str, Any]:
+    """A partition's manifest for its copy's run (its shards keep their names)."""
+    at = dt.datetime.now(dt.UTC).isoformat(timespec="seconds")
+    return {**manifest, "run": run, "copied_from": {"run": manifest["run"], "at": at}}
+
+
+def _assembled(dst: Store, reader: SnapshotReader, run: str) -> tuple[bytes, dict[str, Any]]:
+    """The block index and manifest of the snapshot at the destination, assembled from the
+    destination's partitions as a writer assembles them; each must hold the samples the
+    source's partition holds."""
+    refs = partition_refs(reader.manifest)
+
+    def open_part(ref: str) -> SnapshotReader:
+        try:
+            return SnapshotReader(dst, f"{SHARED_DIR}/{ref}", decode_threads=1)
+        except FileNotFoundError as exc:
+            raise FormatError(
+                f"partition {dst.join(f'{SHARED_DIR}/{ref}')} was committed and is gone; "
+                "run the copy again"
+            ) from exc
+
+    parts = map_concurrently(open_part, refs)
+    expected = _samples_per_partition(reader)
+    indexes: list[np.ndarray[Any, Any]] = []
+    shards: list[dict[str, Any]] = []
+    for ref, part in zip(refs, parts):
+        if part.checksum is not reader.checksum or len(part) != expected.get(ref, 0):
+            raise FormatError(
+                f"partition {dst.join(part.fingerprint)} holds {len(part)} samples with "
+                f"{part.checksum.name} checksums; the source's holds {expected.get(ref, 0)} with "
+                f"{reader.checksum.name}. Remove that partition directory and copy again"
+            )
+        index = part.index.copy()
+        index["shard"] += len(shards)
+        indexes.append(index)
+        where = part.run_dir.removeprefix(f"{SHARED_DIR}/")
+        for entry, path in zip(part.manifest["shards"], part.shard_paths):
+            shards.append({**entry, "path": path.rsplit("/", 1)[-1], "shared": where})
+    joined = np.concatenate(indexes) if indexes else np.zeros(0, fmt.INDEX_DTYPE)
+    index_bytes = fmt.write_index(joined)
+    manifest = {
+        **_flat_manifest(reader.manifest, run),
+        "num_blocks": len(joined),
+        "stored_bytes": sum(int(p.manifest["stored_bytes"]) for p in parts),
+        "shards": shards,
+    }
+    manifest["index"].update(size=len(index_bytes), checksum=reader.checksum(index_bytes))
+    return index_bytes, manifest
+
+
+def _samples_per_partition(reader: SnapshotReader) -> dict[str, int]:
+    """Samples in each shared partition of the source snapshot, from its block index."""
+    owner = ["/".join(str(entry["shared"]).split("/")[:2]) for entry in reader.manifest["shards"]]
+    rows = np.bincount(
+        reader.index["shard"].astype(np.int64),
+        weights=reader.index["rows"].astype(np.float64),
+        minlength=len(owner),
+    )
+    counts: dict[str, int] = {}
+    for ref, n in zip(owner, rows.tolist()):
+        counts[ref] = counts.get(ref, 0) + int(n)
+    return counts

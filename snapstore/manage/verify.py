@@ -12,6 +12,14 @@ index gives for that shard (``"footer"``); a block whose length, checksum (with 
 algorithm), decompression, Arrow decoding or row count is wrong (``"block"``, one problem per
 bad block).
 
+A snapshot assembled from shared partitions (format version 4) is checked wherever its blocks
+live, and so is each partition's own commit record, manifest and block index (``"partition"``:
+they must load, name the run the snapshot reads, and list the blocks the snapshot's index gives
+for that partition), since the next snapshot assembled from the partition, and ``cp``, read
+them. A :class:`SharedChecks` passed to several calls makes each shared partition be read once
+among them: a snapshot whose partition was checked for an earlier one gets that result
+(``bytes_reused``), with no request.
+
 What does not: a file or directory in a run directory that the manifest does not name
 (``"foreign"``). No reader opens it, so the snapshot reads correctly; it is reported because it
 wastes space or hints at a tool writing where it should not. Failures of the storage backend
@@ -25,6 +33,7 @@ when a block is larger), and nothing is kept once a read is checked.
 from __future__ import annotations
 
 import functools
+import hashlib
 import logging
 import struct
 import time
@@ -40,8 +49,16 @@ from ..format import layout as fmt
 from ..oldpaths import historic_name
 from ..read.reader import SnapshotReader, load_manifest
 from ..storage.store import Store, StoreLike, as_store
+from .sharing import partition_refs
 
-__all__ = ["WARNING_KINDS", "ProgressCallback", "VerifyReport", "plan_ranges", "verify_snapshot"]
+__all__ = [
+    "WARNING_KINDS",
+    "ProgressCallback",
+    "SharedChecks",
+    "VerifyReport",
+    "plan_ranges",
+    "verify_snapshot",
+]
 
 logger = logging.getLogger(historic_name(__name__))
 
@@ -70,6 +87,38 @@ def _problem(kind: str, shard: str | None, offset: int | None, message: str) -> 
     return {"kind": kind, "shard": shard, "offset": offset, "message": message}
 
 
+ShardKey = tuple[str, str]
+ShardResult = tuple[list[Problem], int, int]
+"""What checking one shard found: its problems, blocks and block bytes checked."""
+
+_SHARED_PREFIX = f"{fmt.SHARED_PARTS_DIR}/"
+_REBUILD = "Remove the snapshot with `snapstore rm` and rebuild it."
+
+
+@dataclass
+class SharedChecks:
+    """What verification found in shared partitions, kept across :func:`verify_snapshot` calls
+    so that a partition several snapshots reference is read once among them (``snapstore
+    verify`` passes one to all the snapshots it checks).
+
+    Memory: one small entry per shard and per partition checked. Not for concurrent calls:
+    pass it to calls made one after another.
+
+    Attributes
+    ----------
+    shards : dict
+        ``(shard path, size and digest of its index rows)`` to ``(problems, blocks, bytes)``.
+    directories : dict
+        A partition's run directory to the foreign files found in it (warnings).
+    partitions : dict
+        ``<stage key>/<partition fp>`` to the problems of its own files (``"partition"``).
+    """
+
+    shards: dict[ShardKey, ShardResult] = field(default_factory=dict)
+    directories: dict[str, list[Problem]] = field(default_factory=dict)
+    partitions: dict[str, list[Problem]] = field(default_factory=dict)
+
+
 @dataclass
 class VerifyReport:
     """The outcome of :func:`verify_snapshot`.
@@ -86,6 +135,9 @@ class VerifyReport:
         Blocks read and checked (bad ones included; blocks of a missing shard are not).
     bytes : int
         Stored block bytes read and checked.
+    bytes_reused : int
+        Of ``bytes``, those of shared partitions checked for an earlier snapshot of the same
+        :class:`SharedChecks`, whose result this report reuses instead of reading them again.
     seconds : float
         Wall time of the verification.
     """
@@ -94,6 +146,7 @@ class VerifyReport:
     problems: list[Problem] = field(default_factory=list)
     blocks: int = 0
     bytes: int = 0
+    bytes_reused: int = 0
     seconds: float = 0.0
 
     @property
@@ -118,6 +171,7 @@ class VerifyReport:
             "ok": self.ok,
             "blocks": self.blocks,
             "bytes": self.bytes,
+            "bytes_reused": self.bytes_reused,
             "seconds": round(self.seconds, 3),
             "problems": [dict(p) for p in self.problems],
         }
@@ -150,6 +204,7 @@ def verify_snapshot(
     *,
     progress: ProgressCallback | None = None,
     jobs: int = 8,
+    checked: SharedChecks | None = None,
 ) -> VerifyReport:
     """Read and check every file and block of a committed snapshot; report every problem.
 
@@ -163,6 +218,9 @@ def verify_snapshot(
         ``progress(done_bytes, total_bytes)``, called from this thread after each read.
     jobs : int
         Reads in flight at once (threads of the pool that reads and decodes).
+    checked : SharedChecks, optional
+        Shared partitions already checked by earlier calls given the same object: their
+        results are reused, not read again, and this call's are added.
 
     Returns
     -------
@@ -190,7 +248,8 @@ def verify_snapshot(
     if reader is not None:
         try:
             with ThreadPoolExecutor(jobs, thread_name_prefix="snapstore-verify") as pool:
-                _verify_files(reader, pool, report, progress or (lambda done, total: None))
+                report_progress = progress or (lambda done, total: None)
+                _verify_files(reader, pool, report, report_progress, checked or SharedChecks())
         finally:
             reader.close()
     report.problems.sort(
@@ -225,6 +284,7 @@ def _verify_files(
     pool: ThreadPoolExecutor,
     report: VerifyReport,
     progress: ProgressCallback,
+    checked: SharedChecks,
 ) -> None:
     store, paths, shards = reader.store, reader.shard_paths, reader.manifest["shards"]
     index = reader.index
@@ -240,35 +300,158 @@ def _verify_files(
                     f"{store.join(paths[i])} but the manifest says {shards[i].get('blocks')}",
                 )
             )
-    sizes = list(pool.map(lambda path: _size(store, path), paths))
-    foreign = pool.map(lambda d: _foreign(store, d, paths), _run_dirs(reader))
-    report.problems.extend(p for problems in foreign for p in problems)
+    keys = [_shard_key(path, entry, rows) for path, entry, rows in zip(paths, shards, per_shard)]
+    todo = [i for i, key in enumerate(keys) if key is None or key not in checked.shards]
+    report.problems.extend(_partition_problems(reader, pool, checked))
+    sizes = dict(zip(todo, pool.map(lambda i: _size(store, paths[i]), todo)))
+    report.problems.extend(_foreign_problems(reader, pool, checked))
     decode: Decode = functools.partial(
         fmt.decode_block, schema=reader.schema.arrow_schema(), checksum=reader.checksum
     )
     total = int(index["length"].astype(np.int64).sum()) if len(index) else 0
-    futures: list[Future[tuple[list[Problem], int, int]]] = []
-    for path, entry, size, entries in zip(paths, shards, sizes, per_shard):
+    found: dict[int, list[ShardResult]] = {}
+    futures: dict[Future[ShardResult], int] = {}
+    for i in todo:
+        size = sizes[i]
         if size is None:
-            report.problems.append(
-                _problem(
-                    "missing",
-                    path,
-                    None,
-                    f"shard {store.join(path)} is missing; its {len(entries)} block(s) were "
-                    "not checked. Remove the snapshot with `snapstore rm` and rebuild it.",
-                )
-            )
+            found[i] = [(_advised(paths[i], [_missing(store, paths[i], len(per_shard[i]))]), 0, 0)]
             continue
-        futures.extend(_submit_shard(pool, store, path, int(entry["size"]), size, entries, decode))
+        expected = int(shards[i]["size"])
+        for future in _submit_shard(pool, store, paths[i], expected, size, per_shard[i], decode):
+            futures[future] = i
     done = 0
+    for i, key in enumerate(keys):
+        if i not in sizes and key is not None:  # checked for an earlier snapshot: reused
+            problems, blocks, nbytes = checked.shards[key]
+            report.problems.extend(dict(p) for p in problems)
+            report.blocks, report.bytes = report.blocks + blocks, report.bytes + nbytes
+            report.bytes_reused += nbytes
+            done += nbytes
+            progress(done, total)
+    for results in found.values():  # missing shards
+        report.problems.extend(results[0][0])
     for future in as_completed(futures):
         problems, blocks, nbytes = future.result()
+        i = futures[future]
+        problems = _advised(paths[i], problems)
+        found.setdefault(i, []).append((problems, blocks, nbytes))
         report.problems.extend(problems)
         report.blocks += blocks
         report.bytes += nbytes
         done += nbytes
         progress(done, total)
+    for i, results in found.items():
+        key = keys[i]
+        if key is not None:
+            merged = [p for problems, _, _ in results for p in problems]
+            checked.shards[key] = (merged, sum(r[1] for r in results), sum(r[2] for r in results))
+
+
+def _missing(store: Store, path: str, blocks: int) -> Problem:
+    return _problem(
+        "missing",
+        path,
+        None,
+        f"shard {store.join(path)} is missing; its {blocks} block(s) were not checked. {_REBUILD}",
+    )
+
+
+def _shard_key(path: str, entry: dict[str, Any], rows: np.ndarray[Any, Any]) -> ShardKey | None:
+    """What a shard of a shared partition is checked against (its path, size and index rows,
+    shard numbers aside: they differ between the snapshots that share it); None for a shard
+    no other snapshot can reference."""
+    if not path.startswith(_SHARED_PREFIX):
+        return None
+    rows = rows.copy()
+    rows["shard"] = 0
+    digest = hashlib.blake2b(rows.tobytes(), digest_size=16).hexdigest()
+    return path, f"{entry.get('size')}:{digest}"
+
+
+def _advised(path: str, problems: list[Problem]) -> list[Problem]:
+    """The problems of a shard, with the advice for a shared partition's shard: removing this
+    snapshot and rebuilding it would read the same partition again."""
+    if not path.startswith(_SHARED_PREFIX):
+        return problems
+    where = "/".join(path.split("/")[:3])
+    advice = (
+        f"It is in the partition {where}, which other snapshots of the stage may use too: "
+        "remove every snapshot that uses it with `snapstore rm` (the partition goes with the "
+        "last one; `snapstore verify --all` names them), then rebuild them."
+    )
+    return [{**p, "message": p["message"].replace(_REBUILD, advice)} for p in problems]
+
+
+def _partition_problems(
+    reader: SnapshotReader, pool: ThreadPoolExecutor, checked: SharedChecks
+) -> list[Problem]:
+    """The problems of the shared partitions' own files, each partition checked once per
+    :class:`SharedChecks`."""
+    try:
+        refs = list(dict.fromkeys(partition_refs(reader.manifest)))
+    except FormatError as exc:
+        return [_problem("manifest", None, None, str(exc))]
+    runs: dict[str, str] = {}
+    members: dict[str, list[int]] = {}
+    for i, entry in enumerate(reader.manifest["shards"]):
+        where = entry.get("shared")
+        if isinstance(where, str):
+            ref = "/".join(where.split("/")[:2])
+            runs.setdefault(ref, where.rsplit("/", 1)[-1])
+            members.setdefault(ref, []).append(i)
+    new = [ref for ref in refs if ref not in checked.partitions]
+    found = pool.map(lambda r: _check_partition(reader, r, runs.get(r), members.get(r)), new)
+    checked.partitions.update(zip(new, found))
+    return [dict(p) for ref in refs for p in checked.partitions[ref]]
+
+
+def _check_partition(
+    reader: SnapshotReader, ref: str, run: str | None, shards: list[int] | None
+) -> list[Problem]:
+    """A shared partition's commit record, manifest and index: they load, name the run the
+    snapshot reads (``run``; None when it has no shard) and list the blocks the snapshot's
+    index gives for its shards (``shards``, positions in the snapshot's manifest)."""
+    store, where = reader.store, f"{_SHARED_PREFIX}{ref}"
+    advice = "remove every snapshot that uses it with `snapstore rm`, then rebuild them"
+    try:
+        part = SnapshotReader(store, where, decode_threads=1)
+    except (FormatError, FileNotFoundError) as exc:
+        message = f"partition {store.join(where)} does not open ({exc}); {advice}"
+        return [_problem("partition", where, None, message)]
+    try:
+        if run is not None and part.manifest["run"] != run:
+            message = (
+                f"partition {store.join(where)} is committed as run {part.manifest['run']}, "
+                f"but the snapshot reads its run {run}, which gc would remove; {advice}"
+            )
+            return [_problem("partition", where, None, message)]
+        ids = shards or []
+        expected = reader.index[np.isin(reader.index["shard"], ids)].copy()
+        expected["shard"] -= ids[0] if ids else 0
+        if len(part.shard_paths) != len(ids) or not np.array_equal(part.index, expected):
+            message = (
+                f"partition {store.join(where)} lists {len(part.index)} block(s) in "
+                f"{len(part.shard_paths)} shard(s) in its own block index, which differ from "
+                f"the {len(expected)} in {len(ids)} the snapshot's index gives for it; {advice}"
+            )
+            return [_problem("partition", where, None, message)]
+    finally:
+        part.close()
+    return []
+
+
+def _foreign_problems(
+    reader: SnapshotReader, pool: ThreadPoolExecutor, checked: SharedChecks
+) -> list[Problem]:
+    """Foreign files in the run directory and the partitions' run directories, each of the
+    latter listed once per :class:`SharedChecks`."""
+    dirs = _run_dirs(reader)
+    new = [d for d in dirs if d not in checked.directories]
+    found = dict(zip(new, pool.map(lambda d: _foreign(reader.store, d, reader.shard_paths), new)))
+    for directory, problems in found.items():
+        if directory.startswith(_SHARED_PREFIX):
+            checked.directories[directory] = problems
+    return [dict(p) for d in dirs for p in found.get(d, checked.directories.get(d, []))]
 
 
 def _size(store: Store, path: str) -> int | None:
