@@ -91,8 +91,8 @@ class CopyResult:
     bytes_skipped : int
         Shard bytes already at the destination (from an interrupted copy) and verified there.
     files : int
-        Files this call wrote at the destination: copied shards, the block index, the
-        manifest and the commit record.
+        Files this call wrote at the destination: copied shards, each copied partition's block
+        index, manifest and commit record, and the snapshot's.
     seconds : float
         Wall time of the call.
     status : {"copied", "already present"}
