@@ -155,6 +155,9 @@ def test_du_shows_partitions_no_snapshot_uses(grown: Grown, tmp_path: Path) -> N
     root = tmp_path / "root"
     shutil.copytree(grown.root, root)
     shutil.rmtree(root / grown.prefix)  # its own partition is left behind
+    stage_key = grown.refs[grown.full][0].split("/")[0]
+    (root / "parts" / stage_key / "pins").mkdir()  # a job's pin on the stage: no partition
+    (root / "parts" / stage_key / "pins" / "job-1").write_text("pinned")
     own = [r for r in grown.refs[grown.prefix] if grown.users(r) == {grown.prefix}]
     usage = cli_json("--root", str(root), "du")
     assert usage["unreferenced_partitions"] == {

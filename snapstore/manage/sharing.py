@@ -20,6 +20,7 @@ from typing import Any
 from ..errors import FormatError, SnapshotNotFoundError
 from ..format import layout as fmt
 from ..read.reader import load_manifest
+from ..storage.claims import CLAIMS_DIR
 from ..storage.listing import map_concurrently
 from ..storage.store import Store
 from ..write.partitions import PartitionLayout
@@ -61,14 +62,19 @@ def partition_refs(manifest: Mapping[str, Any]) -> list[str]:
 
 def partition_sizes(tree: Mapping[str, int]) -> dict[str, int]:
     """Bytes under each partition directory of a tree of the root's ``parts/`` directory (paths
-    ``<stage key>/<partition fp>/...``), by reference; a directory holding nothing counts 0."""
+    ``<stage key>/<partition fp>/...``), by reference. A partition directory is one holding a
+    commit record, runs or claims; anything else under a stage key (its pins) is not one."""
     sizes: dict[str, int] = {}
     for rel, size in tree.items():
-        parts = rel.split("/", 2)
-        if len(parts) >= 2 and parts[1]:
+        parts = rel.split("/", 3)
+        if len(parts) >= 3 and parts[2] in _PARTITION_ENTRIES:
             ref = f"{parts[0]}/{parts[1]}"
             sizes[ref] = sizes.get(ref, 0) + size
     return sizes
+
+
+# What a partition directory holds (docs/format.md, section 10.6).
+_PARTITION_ENTRIES = frozenset({fmt.COMMIT_NAME, "runs", CLAIMS_DIR})
 
 
 def list_partitions(store: Store, refs: Iterable[str]) -> dict[str, int]:

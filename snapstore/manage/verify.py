@@ -48,6 +48,7 @@ from ..errors import CorruptBlockError, FormatError
 from ..format import layout as fmt
 from ..oldpaths import historic_name
 from ..read.reader import SnapshotReader, load_manifest
+from ..storage.listing import map_concurrently
 from ..storage.store import Store, StoreLike, as_store
 from .sharing import partition_refs
 
@@ -302,7 +303,7 @@ def _verify_files(
             )
     keys = [_shard_key(path, entry, rows) for path, entry, rows in zip(paths, shards, per_shard)]
     todo = [i for i, key in enumerate(keys) if key is None or key not in checked.shards]
-    report.problems.extend(_partition_problems(reader, pool, checked))
+    report.problems.extend(_partition_problems(reader, checked))
     sizes = dict(zip(todo, pool.map(lambda i: _size(store, paths[i]), todo)))
     report.problems.extend(_foreign_problems(reader, pool, checked))
     decode: Decode = functools.partial(
@@ -382,9 +383,7 @@ def _advised(path: str, problems: list[Problem]) -> list[Problem]:
     return [{**p, "message": p["message"].replace(_REBUILD, advice)} for p in problems]
 
 
-def _partition_problems(
-    reader: SnapshotReader, pool: ThreadPoolExecutor, checked: SharedChecks
-) -> list[Problem]:
+def _partition_problems(reader: SnapshotReader, checked: SharedChecks) -> list[Problem]:
     """The problems of the shared partitions' own files, each partition checked once per
     :class:`SharedChecks`."""
     try:
@@ -400,7 +399,10 @@ def _partition_problems(
             runs.setdefault(ref, where.rsplit("/", 1)[-1])
             members.setdefault(ref, []).append(i)
     new = [ref for ref in refs if ref not in checked.partitions]
-    found = pool.map(lambda r: _check_partition(reader, r, runs.get(r), members.get(r)), new)
+    # Small reads, bound by latency: as many in flight as listings are, not ``jobs``.
+    found = map_concurrently(
+        lambda r: _check_partition(reader, r, runs.get(r), members.get(r)), new
+    )
     checked.partitions.update(zip(new, found))
     return [dict(p) for ref in refs for p in checked.partitions[ref]]
 
