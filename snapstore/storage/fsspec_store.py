@@ -18,6 +18,7 @@ import io
 import itertools
 import logging
 import os
+import secrets
 import tempfile
 import threading
 import time
@@ -468,15 +469,18 @@ class FsspecStore(Store):
 
     def _create(self, target: str, data: bytes) -> None:
         if self.protocol in ("file", "local"):
-            # fsspec's local pipe_file checks, then writes; "xb" is open(O_CREAT | O_EXCL).
-            file = self.fs.open(target, "xb")
+            # A temporary file beside the record, then a hard link onto its name, as LocalStore
+            # does: the link fails if the name is taken, and a job killed at any point leaves
+            # no partial record (open "xb", then a write, left an empty one to a kill -9: every
+            # reader refused it and no rerun could replace it).
+            head, name = os.path.split(target)
+            tmp = os.path.join(head, f".{name}.{secrets.token_hex(6)}.tmp")
+            self.fs.pipe_file(tmp, data)  # through fs: a wrapper (the simulator) sees a request
             try:
-                with file:
-                    file.write(data)
-            except BaseException:
+                os.link(tmp, target)  # FileExistsError if the name is taken
+            finally:
                 with contextlib.suppress(OSError):
-                    self.fs.rm_file(target)  # no partial record
-                raise
+                    os.unlink(tmp)
         else:
             # memory: one process, where the lock makes its check-then-write atomic. Others
             # (hdfs://): atomic among this process's threads only; _warn_if_unsafe said so.

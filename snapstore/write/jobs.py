@@ -281,10 +281,12 @@ def _write_partitioned(job: StageJob, partition_by: str, progress: Reporter) -> 
     job.explain_miss("computing the partitions no job holds")
     if not compute_partitions(parts, make_engine(settings.engine, settings.workers), job.fn):
         return
-    if not snap.committed:
-        n = len(tasks)
-        commit_partitions(store, fp, n, dict(job.manifest), schema=settings.schema, layout=layout)
-        remove_partition_claims(store, layout, range(n))
+    # No check that another job committed the snapshot meanwhile: compute_partitions did after
+    # waiting or computing, and the commit is create-if-absent anyway (a job that loses removes
+    # its run). When every partition was there, the check was a round trip before assembling.
+    n = len(tasks)
+    commit_partitions(store, fp, n, dict(job.manifest), schema=settings.schema, layout=layout)
+    remove_partition_claims(store, layout, range(n))
 
 
 def on_busy(
