@@ -281,6 +281,13 @@ class ProcessEngine(Engine):
 
     def prepare(self, task: PartitionTask, stage: Callable[..., Any]) -> PartitionTask:
         task = super().prepare(task, stage)
+        main = getattr(sys.modules.get("__main__"), "__file__", None)
+        if main and not Path(main).is_file():  # `python -`: spawn would run "<stdin>" again
+            raise CannotTravelError(
+                f"the main program ({main}) is not a file that a spawned process can start "
+                f"from (a program read from standard input), so engine='process' cannot run "
+                f"stage {task.name}. Run the program from a file, or pass engine='thread'."
+            )
         ref = FunctionRef.of(stage)
         if ref is None:
             raise CannotTravelError(
