@@ -26,6 +26,7 @@ from .errors import (
 )
 from .fingerprint import Fingerprint, InputError, Inputs, files
 from .format import FORMAT_VERSION, Field, Schema, nullable
+from .mix import Mixture, mix
 from .oldpaths import MOVED, install, moved_module
 from .read import BatchReader, ReaderOptions, ReadStats
 from .snapshot import Snapshot, Stage, open, snapshot
@@ -55,6 +56,7 @@ __all__ = [
     "InputError",
     "Inputs",
     "LocalStore",
+    "Mixture",
     "Schema",
     "SchemaError",
     "Snapshot",
@@ -70,6 +72,7 @@ __all__ = [
     "WriteOptions",
     "default_root",
     "files",
+    "mix",
     "nullable",
     "open",
     "open_store",

@@ -42,7 +42,7 @@ LAYERS: dict[str, tuple[str, ...]] = {
     "read": ("read/",),
     "write": ("write/",),
     "manage": ("manage/",),
-    "api": ("snapshot", "handle", "__init__"),
+    "api": ("snapshot", "handle", "mix", "__init__"),
     "integrations": (
         "torch_pool",
         "torch_ragged",
