@@ -38,7 +38,9 @@ except ImportError as exc:  # pragma: no cover - depends on the environment
 
 from .errors import ResumeError
 from .handle import SnapshotHandle
+from .mix import Mixture
 from .read.batches import BatchReader
+from .read.mixed import MixedBatchReader
 from .read.options import ReaderOptions, reader_options
 from .snapshot import Snapshot
 from .torch_accelerate import AccelerateSplit, accelerate_split
@@ -253,9 +255,9 @@ class SnapshotIterableDataset(IterableDataset[dict[str, Any]]):
 
     Parameters
     ----------
-    snapshot_or_fingerprint : Snapshot or str
-        A snapshot (materialized here if needed) or a fingerprint (or unique prefix) to open
-        under ``root``.
+    snapshot_or_fingerprint : Snapshot, Mixture or str
+        A snapshot (materialized here if needed), a :func:`snapstore.mix` mixture, or a
+        fingerprint (or unique prefix) to open under ``root``.
     root : str, PathLike or Store, optional
         Where to find a fingerprint; as for :func:`snapstore.open`.
     batch_size : int
@@ -334,7 +336,7 @@ class SnapshotIterableDataset(IterableDataset[dict[str, Any]]):
 
     def __init__(
         self,
-        snapshot_or_fingerprint: Snapshot | str,
+        snapshot_or_fingerprint: Snapshot | Mixture | str,
         root: Any = None,
         *,
         batch_size: int,
@@ -351,7 +353,12 @@ class SnapshotIterableDataset(IterableDataset[dict[str, Any]]):
         for name, fn in (("transform", transform), ("sample_transform", sample_transform)):
             if fn is not None and not callable(fn):
                 raise TypeError(f"{name}: expected a callable, found {type(fn).__name__}")
-        self._location = SnapshotHandle.of(snapshot_or_fingerprint, root, "DataLoader workers")
+        # A Mixture opens its own sources in each process (it pickles as their handles).
+        self._location: SnapshotHandle | Mixture = (
+            snapshot_or_fingerprint
+            if isinstance(snapshot_or_fingerprint, Mixture)
+            else SnapshotHandle.of(snapshot_or_fingerprint, root, "DataLoader workers")
+        )
         self._explicit = _explicit_place(rank, world_size)
         self._inherited: tuple[int, int] | None = None
         if self._explicit is not None:
@@ -366,7 +373,7 @@ class SnapshotIterableDataset(IterableDataset[dict[str, Any]]):
         self._passes = PassCounter()
         self._split: AccelerateSplit | None = None
         self._passes_here = 0  # passes started by this copy, in this process
-        self._reader: BatchReader | None = None
+        self._reader: BatchReader | MixedBatchReader | None = None
         self._reader_pid = os.getpid()
         self._pending: dict[str, int] | None = None
         # per_sample, mid-way through a read batch: the state before it, with "sample", the
@@ -414,7 +421,7 @@ class SnapshotIterableDataset(IterableDataset[dict[str, Any]]):
 
     def _make_reader(
         self, epoch: int, rank: int, world_size: int, worker: int, num_workers: int
-    ) -> BatchReader:
+    ) -> BatchReader | MixedBatchReader:
         snap = self._location.open()
         options = self._options
         if get_worker_info() is not None and options.decode_threads is None:
@@ -470,7 +477,7 @@ class SnapshotIterableDataset(IterableDataset[dict[str, Any]]):
 
     def _batches(
         self,
-        reader: BatchReader,
+        reader: BatchReader | MixedBatchReader,
         consumer: tuple[int, int],
         *,
         dispatched: bool = False,
