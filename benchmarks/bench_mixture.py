@@ -1,0 +1,191 @@
+"""Mixtures: snapstore.mix() against one snapshot alone, shares per consumer, remote latency.
+
+Targets (issue 26), one run:
+
+- two tok sources (200,000 and 50,000 samples, bench_format's shape) at 0.5/0.5, shuffled
+  batches of 256: at least 0.9x the samples/s of reading the 200,000 one alone, peak anonymous
+  RSS at most 1.2x its; the same with two img sources (50,000 and 12,500).
+- eight sources, weights 0.01 to 0.5, 2 ranks x 2 workers: every consumer's share of every
+  source within 2 points of its weight in every window of 1,000 samples it reads.
+- two tok sources on ``simulated_store(ttfb=0.05)``: steady samples/s (after the first batch,
+  with a 5 ms training step per batch) at least 0.9x the same mixture at ttfb 0.
+
+Each read runs in a fresh interpreter (peak RSS is the process's). Usage:
+``python benchmarks/bench_mixture.py [--scale 1.0]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from bench_format import BATCH, WORKLOADS, PeakAnon, _warm, mb, print_rows, run_script_child
+
+STEP = 0.005
+
+
+def child_write(workload: str, n: int, root: str, tag: int = 0) -> dict[str, Any]:
+    import snapstore
+
+    def stage(n: int, tag: int) -> Any:
+        yield from WORKLOADS[workload](n)
+
+    snap = snapstore.snapshot(stage, root=root)(n, tag).materialize()
+    return {"fingerprint": snap.fingerprint}
+
+
+def child_read(
+    roots: list[str], fingerprints: list[str], weights: list[float] | None, ttfb: float = -1.0
+) -> dict[str, Any]:
+    """One shuffled epoch of one snapshot (``weights`` None) or of the mixture of them."""
+    import snapstore
+    from snapstore.storage.simulate import simulated_store
+
+    for root in roots:
+        _warm(root)
+    stores = [simulated_store(r, ttfb=ttfb) if ttfb >= 0 else r for r in roots]
+    snaps = [snapstore.open(f, root=s) for f, s in zip(fingerprints, stores)]
+    mem = PeakAnon()
+    source: Any = snaps[0] if weights is None else snapstore.mix(snaps, weights)
+    reader = source.batches(BATCH, shuffle=True)
+    t0 = time.perf_counter()
+    first, samples = None, 0
+    for batch in reader:
+        first = first if first is not None else time.perf_counter() - t0
+        samples += len(next(iter(batch.values())))
+        if ttfb >= 0:
+            time.sleep(STEP)
+    seconds = time.perf_counter() - t0
+    return {
+        "seconds": seconds,
+        "samples": samples,
+        "first": first,
+        "sps": samples / seconds,
+        "steady": (samples - BATCH) / (seconds - (first or 0)),
+        "peak": mem.stop(),
+    }
+
+
+def child_shares(counts: list[int], weights: list[float]) -> dict[str, Any]:
+    """The worst deviation of any consumer's per-source share over 1,000-sample windows, read
+    through real snapshots of ``counts`` samples (a tiny field) with a ``source_field``."""
+    import snapstore
+
+    root = tempfile.mkdtemp(prefix="snapstore-bench-mix-")
+
+    def tiny(n: int, k: int) -> Any:
+        for i in range(n):
+            yield {"id": k * 10**7 + i}
+
+    snaps = [snapstore.snapshot(tiny, root=root)(n, k).materialize() for k, n in enumerate(counts)]
+    mixture = snapstore.mix(snaps, weights, source_field="src")
+    worst, sizes = 0.0, []
+    for rank in range(2):
+        for worker in range(2):
+            reader = mixture.batches(
+                BATCH, shuffle=True, rank=rank, world_size=2, worker=worker, num_workers=2
+            )
+            src = np.concatenate([b["src"] for b in reader])
+            sizes.append(len(src))
+            onehot = np.eye(len(weights))[src]
+            run = np.cumsum(np.vstack([np.zeros(len(weights)), onehot]), axis=0)
+            share = (run[1000:] - run[:-1000]) / 1000
+            target = np.asarray(mixture.weights)
+            worst = max(worst, float(np.abs(share - target).max()))
+    return {"worst_points": 100 * worst, "per_consumer": sizes}
+
+
+CHILDREN = {"write": child_write, "read": child_read, "shares": child_shares}
+
+
+def run_child(name: str, **kwargs: Any) -> dict[str, Any]:
+    return run_script_child(__file__, name, **kwargs)
+
+
+def pair(workload: str, sizes: tuple[int, int], tmp: Path, repeat: int) -> dict[str, Any]:
+    roots, fps = [], []
+    for k, n in enumerate(sizes):
+        root = tmp / f"{workload}-{k}"
+        root.mkdir()
+        roots.append(str(root))
+        fps.append(run_child("write", workload=workload, n=n, root=str(root), tag=k)["fingerprint"])
+    alone, mixed = [], []
+    for _ in range(repeat):
+        alone.append(run_child("read", roots=roots[:1], fingerprints=fps[:1], weights=None))
+        mixed.append(run_child("read", roots=roots, fingerprints=fps, weights=[0.5, 0.5]))
+    return {"roots": roots, "fps": fps, "alone": alone, "mixed": mixed}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--scale", type=float, default=1.0, help="multiply the workload sizes")
+    parser.add_argument("--repeat", type=int, default=2, help="reads of each, fastest kept")
+    parser.add_argument("--tmp", default=None, help="scratch directory (default: system temp)")
+    parser.add_argument("--child", default=None, help=argparse.SUPPRESS)
+    parser.add_argument("args", nargs="?", help=argparse.SUPPRESS)
+    options = parser.parse_args()
+    if options.child:
+        print(json.dumps(CHILDREN[options.child](**json.loads(options.args))))
+        return
+    scale = options.scale
+    rows = [("target", "measured", "goal", "")]
+
+    def check(label: str, value: float, goal: float, fmt: str, low: bool = False) -> None:
+        ok = value <= goal if low else value >= goal
+        sign = "<=" if low else ">="
+        rows.append((label, format(value, fmt), f"{sign} {goal:g}", "PASS" if ok else "MISS"))
+
+    with tempfile.TemporaryDirectory(dir=options.tmp, prefix="snapstore-bench-mix-") as tmp:
+        base = Path(tmp)
+        for workload, sizes in (("tok", (200_000, 50_000)), ("img", (50_000, 12_500))):
+            scaled = (max(BATCH, int(sizes[0] * scale)), max(BATCH, int(sizes[1] * scale)))
+            got = pair(workload, scaled, base, options.repeat)
+            alone = max(r["sps"] for r in got["alone"])
+            mixed = max(r["sps"] for r in got["mixed"])
+            peak_alone = min(r["peak"] for r in got["alone"])
+            peak_mixed = min(r["peak"] for r in got["mixed"])
+            print(
+                f"{workload}: alone {alone:,.0f} samples/s, peak {mb(peak_alone)} MB; mixed "
+                f"{mixed:,.0f} samples/s, peak {mb(peak_mixed)} MB"
+            )
+            check(f"{workload} 0.5/0.5 samples/s vs alone", mixed / alone, 0.9, ".2f")
+            check(
+                f"{workload} 0.5/0.5 peak RSS vs alone", peak_mixed / peak_alone, 1.2, ".2f", True
+            )
+            if workload == "tok":
+                slow = [
+                    run_child(
+                        "read",
+                        roots=got["roots"],
+                        fingerprints=got["fps"],
+                        weights=[0.5, 0.5],
+                        ttfb=t,
+                    )
+                    for t in (0.05, 0.0)
+                ]
+                print(
+                    f"tok mixture steady samples/s: 50 ms {slow[0]['steady']:,.0f}, "
+                    f"0 ms {slow[1]['steady']:,.0f} (5 ms step per batch)"
+                )
+                check(
+                    "tok mixture 50 ms vs 0 ms steady",
+                    slow[0]["steady"] / slow[1]["steady"],
+                    0.9,
+                    ".2f",
+                )
+        weights = [0.5, 0.21, 0.117, 0.07, 0.043, 0.03, 0.02, 0.01]
+        counts = [max(1000, int(200_000 * w * scale)) for w in weights]
+        shares = run_child("shares", counts=counts, weights=weights)
+        print(f"8 sources, 2 ranks x 2 workers: samples per consumer {shares['per_consumer']}")
+        check("8 sources worst share deviation (points)", shares["worst_points"], 2, ".2f", True)
+    print()
+    print_rows(rows)
+
+
+if __name__ == "__main__":
+    main()
