@@ -13,6 +13,9 @@ import subprocess
 import time
 from pathlib import Path
 
+from snapstore.read.reader import SnapshotReader
+from snapstore.storage.store import LocalStore
+
 # The start of a job script: a partitioned stage that logs each item it starts to ``log`` and
 # sleeps ``$SLOW`` seconds per item. The script adds its engine set-up under its own
 # ``if __name__ == "__main__":`` and calls ``run(engine)``.
@@ -58,22 +61,38 @@ def kill_mid_way(
 
 
 def left_behind(root: Path, partitions: int, settle: float = 0.0) -> set[int]:
-    """Assert nothing is visible under ``root``; return the partitions committed.
+    """Assert nothing is visible under ``root``; return the items of the committed partitions
+    (one item each: ``JOB_STAGE`` partitions one input per partition, so an item is its
+    partition).
+
+    Partitions are found where a partitioned stage keeps them, ``parts/<stage key>/<partition
+    fingerprint>/`` at the root, and each committed one is read whole (its commit record names
+    a run whose blocks all check out).
 
     ``settle``: wait until the committed set has not changed for this many seconds, for
     engines whose workers outlive the killed job (Ray's are not in its process group) and may
     still commit the partition they were computing.
     """
-    (fp,) = [p for p in root.iterdir() if len(p.name) == 32]
+    store = LocalStore(root)
 
     def committed() -> set[int]:
-        return {p for p in range(partitions) if (fp / "parts" / f"{p:06d}" / "COMMIT").exists()}
+        found: list[int] = []
+        for commit in sorted(root.glob("parts/*/*/COMMIT")):
+            where = commit.parent.relative_to(root).as_posix()
+            reader = SnapshotReader(store, where)
+            try:
+                found += [int(s["item"]) for s in reader]
+            finally:
+                reader.close()
+        assert len(found) == len(set(found)), f"an item in two partitions: {sorted(found)}"
+        return set(found)
 
     done, still = committed(), time.monotonic()
     while time.monotonic() - still < settle:
         time.sleep(0.1)
         if committed() != done:
             done, still = committed(), time.monotonic()
-    assert not (fp / "COMMIT").exists(), "a killed job's snapshot is visible"
+    snapshots = [p for p in root.iterdir() if len(p.name) == 32]
+    assert not any((fp / "COMMIT").exists() for fp in snapshots), "a killed job's snapshot shows"
     assert len(done) < partitions
     return done

@@ -23,6 +23,7 @@ from killjob import JOB_STAGE, kill_mid_way, left_behind, started  # noqa: E402
 import snapstore  # noqa: E402
 from snapstore.manage.gc import find_garbage  # noqa: E402
 from snapstore.write.engines import DaskEngine  # noqa: E402
+from snapstore.write.jobs import partition_layout  # noqa: E402
 from snapstore.write.partitions import partition_dir  # noqa: E402
 
 
@@ -85,13 +86,18 @@ def test_a_task_that_fails_once_is_retried_without_duplicates(client: Any, tmp_p
     flaky = tmp_path / "flaky"
     flaky.mkdir()
     root = tmp_path / "root"
-    snap = stage(root, engine=DaskEngine(client, retries=1))(list(range(4)), flaky=str(flaky))
+    call = stage(root, engine=DaskEngine(client, retries=1))
+    snap = call(list(range(4)), flaky=str(flaky))
     assert rows(snap) == rows(stage(tmp_path / "local", engine="thread")(list(range(4))))
     assert len(list(flaky.iterdir())) == 4  # every partition failed once
     store = snap.store
+    layout = partition_layout(call.job(snap))  # parts/<stage key>/<partition fingerprint>
+    assert snap.manifest["shared_partitions"] == [
+        f"{layout.base.rsplit('/', 1)[-1]}/{layout.name(p)}" for p in range(4)
+    ]
     for p in range(4):  # the failed attempts committed nothing: one run per partition
-        committed = json.loads(store.read_bytes(f"{partition_dir(snap.fingerprint, p)}/COMMIT"))
-        runs = store.list_dir(f"{partition_dir(snap.fingerprint, p)}/runs")
+        committed = json.loads(store.read_bytes(f"{partition_dir(layout, p)}/COMMIT"))
+        runs = store.list_dir(f"{partition_dir(layout, p)}/runs")
         assert committed["run"] in runs
     assert not find_garbage(store, min_age=0)  # failed attempts leave no uncommitted runs
     snap.close()

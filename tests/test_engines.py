@@ -32,6 +32,7 @@ from snapstore.write.engines import (
     make_engine,
     usable_cores,
 )
+from snapstore.write.jobs import partition_layout
 from snapstore.write.partitions import partition_done
 
 
@@ -135,7 +136,8 @@ def test_a_failing_partition_is_reported_with_its_traceback(tmp_path: Path) -> N
     assert "in squares" in str(info.value.__cause__)  # the worker's traceback came along
     snap = call(list(range(8)), log=str(log), fail_at=3)
     assert not snap.committed
-    done = [p for p in range(8) if partition_done(snap.store, snap.fingerprint, p)]
+    layout = partition_layout(call.job(snap))  # parts/<stage key>/<partition fingerprint>
+    done = [p for p in range(8) if partition_done(snap.store, layout, p)]
     assert 3 not in done and set(range(3)) <= set(done)  # started before 3 failed: kept
     assert max(item for item, _ in logged(log)) <= 4  # nothing new started after the failure
     log.unlink()

@@ -23,6 +23,7 @@ import snapstore
 from snapstore.storage import claims
 from snapstore.storage.store import LocalStore
 from snapstore.write import progress
+from snapstore.write.jobs import partition_layout
 from snapstore.write.progress import Display, Reporter, interactive, open_reporter
 
 SCRIPT = """
@@ -423,7 +424,7 @@ def test_a_partitioned_job_shows_partitions_and_the_partitions_it_waits_for(
     clock = HookClock(wall=1_000_000.0)
     stage.clock = clock
     snap = stage([1, 2, 3])
-    where = f"{snap.fingerprint}/parts/000002"
+    where = partition_layout(stage.job(snap)).dir(2)  # parts/<stage key>/<partition fp>
     claim, _ = claims.acquire(snap.store, where, lease=10.0, owner="holder", clock=clock)
     assert claim is not None
 

@@ -221,6 +221,7 @@ MODULE_ALL = {
         "Fingerprint",
         "Hasher",
         "combine_parts",
+        "declared_digest",
         "diff_parts",
         "fingerprint_key",
         "fingerprint_stage",
@@ -238,6 +239,7 @@ MODULE_ALL = {
         "renamed",
     ],
     "fingerprint.inputs": ["InputError", "Inputs", "files"],
+    "fingerprint.partition": ["PARTITION_SCHEME", "members", "partition_fingerprint", "stage_key"],
     "read.reader": [
         "SnapshotMetadata",
         "SnapshotReader",
@@ -267,6 +269,7 @@ MODULE_ALL = {
         "compute",
         "log_found",
         "partition_calls",
+        "partition_layout",
         "remove_owned",
         "run_job",
     ],

@@ -14,9 +14,11 @@ import pytest
 
 import snapstore
 from snapstore import Schema, StageOptions, WriteOptions
+from snapstore.fingerprint.partition import members
 from snapstore.storage import claims
 from snapstore.storage.store import LocalStore, Store
 from snapstore.write import jobs
+from snapstore.write.boundaries import content_boundaries
 from snapstore.write.stageoptions import stage_options
 
 
@@ -110,9 +112,13 @@ def test_one_config_with_an_engine_serves_stages_that_name_their_partitions() ->
 
 
 def test_partition_calls_split_the_named_argument() -> None:
-    calls = jobs.partition_calls(squares_of, ([1, 2, 3, 4, 5],), {"scale": 2}, "items", 2)
-    assert calls == [(([1, 2], 2), {}), (([3, 4], 2), {}), (([5], 2), {})]  # bound, in order
-    with pytest.raises(TypeError, match=r"expected a sequence .* found str"):
+    items = [1, 2, 3, 4, 5]
+    calls = jobs.partition_calls(squares_of, (items,), {"scale": 2}, "items", 2)
+    # At the boundaries the inputs choose (about 2 per partition), bound, in order.
+    spans = content_boundaries([name for name, _ in members(items)], 2)
+    assert 1 < len(spans) < 5
+    assert calls == [((items[s.start : s.stop], 2), {}) for s in spans]
+    with pytest.raises(TypeError, match=r"or a sequence .* found str"):
         jobs.partition_calls(squares_of, ("abc",), {}, "items", 1)
 
 

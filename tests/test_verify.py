@@ -229,7 +229,8 @@ def test_partitioned_snapshot(store: Store) -> None:
     snap = snapstore.snapshot(parted_stage, root=store, partition_by="items", partition_size=2)
     fp = snap(list(range(7))).materialize().fingerprint
     reader = SnapshotReader(store, fp)
-    assert all(s.get("dir") for s in reader.manifest["shards"])
+    assert all(s.get("shared") for s in reader.manifest["shards"])  # in parts/ at the root
+    assert len(reader.manifest["shared_partitions"]) == reader.manifest["partitions"] > 1
     report = verify_snapshot(store, fp)
     assert report.ok and report.problems == [] and report.blocks == reader.num_blocks
 

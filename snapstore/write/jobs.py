@@ -47,6 +47,7 @@ __all__ = [
     "compute",
     "log_found",
     "partition_calls",
+    "partition_layout",
     "remove_owned",
     "run_job",
 ]
@@ -252,6 +253,22 @@ def _shared_layout(job: StageJob, partition_by: str, split: Split) -> PartitionL
             keyed = hash_value(key_fn(*args, **kwargs), f"key(...) of {job.name}")
         names.append(partition_fingerprint(stage, inputs, arguments=keyed))
     return PartitionLayout.shared(stage, names)
+
+
+def partition_layout(job: StageJob) -> PartitionLayout:
+    """Where the partitions of ``job`` (a call of a partitioned stage) live, committed or not:
+    ``parts/<stage key>/<partition fingerprint>``, partition ``p`` at ``layout.dir(p)``.
+
+    Raises
+    ------
+    ValueError
+        If the stage has no ``partition_by``.
+    """
+    by = job.settings.partition_by
+    if by is None:
+        raise ValueError(f"{job.name} has no partition_by: it has no partitions")
+    split = _split(job.fn, job.args, job.kwargs, by, job.settings.partition_size)
+    return _shared_layout(job, by, split)
 
 
 def _write_partitioned(job: StageJob, partition_by: str, progress: Reporter) -> None:
