@@ -27,6 +27,7 @@ from snapstore.manage.catalog import (
     resolve_fingerprint,
 )
 from snapstore.manage.gc import Policy, collect_garbage, last_used, select_snapshots
+from snapstore.manage.release import PartitionRelease, partitions_of, release_partitions
 from snapstore.manage.verify import verify_snapshot
 from snapstore.storage.retry import RetryPolicy
 
@@ -361,22 +362,45 @@ def rm_command(obj: Context, fingerprints: tuple[str, ...], dry_run: bool, force
         if dry_run:
             info = describe(obj.store, fp)
             busy = info["readers"] and not force
+            # Its shared partitions count only where no other snapshot or job holds them.
+            plan = PartitionRelease()
+            if not info["readers"]:
+                plan = release_partitions(obj.store, partitions_of(obj.store, fp), exclude=fp,
+                                          dry_run=True)  # fmt: skip
+            size = info["bytes"] - info.get("partition_bytes", 0) + plan.bytes
             click.echo(f"{'would keep (in use)' if busy else 'would remove'} {fp}  "
-                       f"{human_bytes(info['bytes'])}")  # fmt: skip
-            total += 0 if busy else info["bytes"]
+                       f"{human_bytes(size)}")  # fmt: skip
+            _echo_partitions(plan, "would remove")
+            total += 0 if busy else size
             kept += bool(busy)
             continue
+        released: list[PartitionRelease] = []
         try:
-            freed = remove_snapshot(obj.store, fp, respect_pins=not force)
+            freed = remove_snapshot(obj.store, fp, respect_pins=not force, report=released.append)
         except BusyError as exc:
             click.echo(f"kept {fp}: {exc}", err=True)
             kept += 1
             continue
         total += freed
         click.echo(f"removed {fp}  {human_bytes(freed)}")
+        for release in released:
+            _echo_partitions(release, "removed")
     click.echo(f"{'would free' if dry_run else 'freed'} {human_bytes(total)}")
     if kept:
         sys.exit(1)
+
+
+def _echo_partitions(release: PartitionRelease, verb: str) -> None:
+    """What removing a snapshot does to its shared partitions: one line, none if it has none."""
+    if not release.removed and not release.kept:
+        return
+    why: dict[str, int] = {}
+    for reason in release.kept.values():
+        why[reason] = why.get(reason, 0) + 1
+    kept = "; ".join(f"{reason} ({n})" for reason, n in why.items())
+    click.echo(f"  shared partitions: {verb} {len(release.removed)} "
+               f"({human_bytes(release.bytes)}) no other snapshot uses"
+               + (f"; kept {len(release.kept)}: {kept}" if release.kept else ""))  # fmt: skip
 
 
 @main.command("gc")
@@ -442,7 +466,8 @@ def gc_command(
         }
         if not dry_run:
             try:
-                remove_snapshot(store, info["fingerprint"])
+                # What it freed: its shared partitions only where nothing else holds them.
+                entry["bytes"] = remove_snapshot(store, info["fingerprint"])
                 entry["removed"] = True
             except BusyError as exc:
                 entry["error"] = str(exc)

@@ -20,10 +20,11 @@ from click.testing import CliRunner
 import snapstore
 from snapstore.cli.main import main
 from snapstore.errors import BusyError
-from snapstore.manage.catalog import list_snapshots
 from snapstore.manage.gc import collect_garbage, find_garbage
 from snapstore.storage import claims
 from snapstore.storage.store import LocalStore, Store
+from snapstore.write.jobs import partition_layout
+from snapstore.write.partitions import partition_done
 
 FP = "f" * 32
 
@@ -420,15 +421,26 @@ def test_a_failed_partitioned_stage_keeps_only_its_committed_partitions(tmp_path
         engine="thread", workers=1,
     )  # fmt: skip
 
+    snap = stage(list(range(5)))
     with pytest.raises(ValueError, match="bad input"):
-        stage(list(range(5))).materialize()  # partitions 0 and 1 commit, 2 fails
+        snap.materialize()  # partitions 0 and 1 commit, 2 fails
     store = LocalStore(root)
-    assert find_garbage(store, min_age=0) == []
-    (info,) = list_snapshots(store)
-    assert info["state"] == "incomplete" and info["partitions_committed"] == 2
-    fp = info["fingerprint"]
-    assert sorted(store.list_dir(f"{fp}/parts")) == ["000000", "000001"]
-    assert not store.exists(f"{fp}/parts/000000/claims")  # removed with the failed one's
+    layout = partition_layout(stage.job(snap))  # parts/<stage key>/<partition fingerprint>
+    # The committed partitions stay where any call of the stage finds them; nothing else does
+    # (no snapshot directory, no failed partition's directory, no claims, no stage pin).
+    assert [p.name for p in root.iterdir()] == ["parts"]
+    assert sorted(store.list_dir(layout.base)) == sorted([layout.name(0), layout.name(1)])
+    for p in (0, 1):
+        assert partition_done(store, layout, p)
+        assert not store.exists(f"{layout.dir(p)}/claims")  # removed with the failed one's
+    assert find_garbage(store) == []  # a rerun within gc's minimum age finds them
+    # Past it they are garbage (no snapshot references them), and nothing else is but the
+    # stage's directory they leave empty.
+    garbage = find_garbage(store, min_age=0)
+    assert {(g.kind, g.path) for g in garbage} == {
+        *(("partition", layout.dir(p)) for p in (0, 1)),
+        ("directory", layout.base),
+    }
     first = snapstore.snapshot(
         failing("error", after=0), root=tmp_path / "other", partition_by="items",
         engine="thread", workers=1,

@@ -317,6 +317,16 @@ MODULE_ALL = {
         "plan_ranges",
         "verify_snapshot",
     ],
+    "manage.release": [
+        "PartitionRelease",
+        "REMOVER_LEASE",
+        "References",
+        "Removal",
+        "partitions_of",
+        "read_references",
+        "release_partitions",
+        "remove_partitions",
+    ],
     "manage.copy": ["CopyProgress", "CopyResult", "copy_run_name", "copy_snapshot"],
     "manage.sharing": [
         "Sharing",

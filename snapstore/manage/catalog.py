@@ -7,6 +7,7 @@ directories, they start from a commit record.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from typing import Any
 
 from ..errors import AmbiguousFingerprintError, BusyError, FormatError, SnapshotNotFoundError
@@ -19,6 +20,7 @@ from ..storage.listing import ListedStore, fingerprint_trees, map_concurrently, 
 from ..storage.pins import last_read, list_pins, live_pins
 from ..storage.store import Store, StoreLike, as_store
 from ..write.partitions import PARTS_DIR, SHARED_DIR
+from .release import PartitionRelease, partitions_of, release_partitions
 from .sharing import (
     Sharing,
     diff_partitions,
@@ -181,14 +183,26 @@ def _holds_snapshot(tree: dict[str, int]) -> bool:
     return any(k == fmt.COMMIT_NAME or k.startswith(("runs/", f"{PARTS_DIR}/")) for k in tree)
 
 
-def remove_snapshot(store: StoreLike, fingerprint: str, *, respect_pins: bool = True) -> int:
-    """Remove a snapshot; returns the bytes freed.
+def remove_snapshot(
+    store: StoreLike,
+    fingerprint: str,
+    *,
+    respect_pins: bool = True,
+    report: Callable[[PartitionRelease], None] | None = None,
+) -> int:
+    """Remove a snapshot, and the shared partitions only it used; returns the bytes freed.
 
     The commit record goes first, so the snapshot stops being visible in one step and a crash
     half-way leaves only unreferenced garbage, never a committed snapshot with missing shards.
     With ``respect_pins`` (the default) a snapshot that a reader has open is kept: live pins are
     checked before, and again after, the commit record is deleted; a reader that pinned in
     between gets the record back (see :mod:`snapstore.storage.pins`).
+
+    Then the shared partitions the snapshot referenced go too, unless something else holds
+    one: another committed snapshot references it, a claim on it or a pin on its stage is live
+    (:func:`snapstore.manage.release.release_partitions`), or, without ``respect_pins``, a
+    reader holds this snapshot (it reads from them). The bytes freed include theirs;
+    ``report`` is called with what happened to them.
 
     Raises
     ------
@@ -200,6 +214,8 @@ def remove_snapshot(store: StoreLike, fingerprint: str, *, respect_pins: bool = 
     commit = f"{fingerprint}/{fmt.COMMIT_NAME}"
     if respect_pins:
         _refuse_if_pinned(store, fingerprint)
+    refs = partitions_of(store, fingerprint)
+    read = bool(refs) and not respect_pins and bool(live_pins(store, fingerprint))
     record = store.read_bytes(commit) if store.exists(commit) else None
     if record is not None:
         store.remove_tree(commit)
@@ -215,7 +231,13 @@ def remove_snapshot(store: StoreLike, fingerprint: str, *, respect_pins: bool = 
     # with SnapshotRemovedError instead of finding the snapshot damaged).
     if store.exists(commit):
         store.remove_tree(commit)
-    return freed
+    if read:
+        released = PartitionRelease(kept=dict.fromkeys(refs, "a reader holds the snapshot"))
+    else:
+        released = release_partitions(store, refs, exclude=fingerprint)
+    if report is not None:
+        report(released)
+    return freed + released.bytes
 
 
 def _refuse_if_pinned(store: Store, fingerprint: str) -> None:
@@ -273,6 +295,8 @@ def previous_of_stage(store: Store, stage: str, exclude: str) -> str | None:
             manifest = load_manifest(store, fp)
         except FormatError:
             return None  # a damaged snapshot explains nothing; `snapstore verify` reports it
+        except SnapshotNotFoundError:
+            return None  # removed since the listing (rm, gc): nothing to compare with
         return manifest.get("stage"), str(manifest.get("created_at", ""))
 
     best: tuple[str, str] | None = None

@@ -18,6 +18,22 @@ What is garbage, per fingerprint directory:
 - an empty ``parts`` directory, and the fingerprint directory itself once nothing else is left
   in it.
 
+Under the root's shared partitions (``parts/<stage key>/<partition fp>``, format version 4;
+listed with the fingerprints, one more prefix listing), unless a job of the stage holds a live
+pin on it (``parts/<stage key>/pins/``: the job is between finding partitions and committing
+its snapshot) or a claim on the partition is live:
+
+- a committed **partition** that no committed snapshot's manifest references
+  (``shared_partitions``), once its newest run is older than ``min_age`` (the grace for a rerun
+  of the stage, and for a job of an older snapstore that does not pin);
+- an uncommitted **partition** (its job crashed) once its newest run is older than ``min_age``;
+- the **pins** of jobs that are gone, and the stage's directory once nothing is left in it.
+
+A partition judged garbage is removed only if nothing holds it once its commit record has been
+taken away (see :mod:`snapstore.manage.release`). While a committed manifest cannot be read,
+no committed shared partition is garbage (what it references is unknown); a run a committed
+snapshot's shards point into is never garbage.
+
 The rules for runs and claims also apply inside each partition that is kept (a partition is a
 small snapshot of its own with runs, claims and a commit record).
 
@@ -30,9 +46,10 @@ of a fingerprint with a live claim other than its committed snapshot's claims.
 
 from __future__ import annotations
 
+import concurrent.futures as cf
 import datetime as dt
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from ..errors import FormatError
@@ -42,7 +59,8 @@ from ..storage.claims import CLAIMS_DIR, inspect_claim
 from ..storage.listing import ListedStore, fingerprint_trees, map_concurrently
 from ..storage.pins import PIN_NAME, PINS_DIR, list_pins, live_pins
 from ..storage.store import Store, StoreLike, as_store
-from ..write.partitions import PARTS_DIR, partition_dir
+from ..write.partitions import PARTS_DIR, SHARED_DIR, partition_dir, remove_listed_claims
+from .release import References, Removal, read_references, remove_partitions
 
 __all__ = [
     "Garbage",
@@ -93,14 +111,31 @@ def find_garbage(
     now : float, optional
         Wall time to judge ages and leases by (default: now).
     """
-    store = as_store(store)
+    return _find(as_store(store), min_age, time.time() if now is None else now)[0]
+
+
+@dataclass
+class _Shared:
+    """What removing shared partitions needs besides the garbage: the references read, and
+    each partition judged garbage with the files listed in it."""
+
+    known: References
+    removals: list[Removal]
+    # The claim files listed in a kept partition whose claims are garbage, by claims directory:
+    # removed one by one (a job may be claiming it anew).
+    claims: dict[str, list[str]] = field(default_factory=dict)
+
+
+def _find(store: Store, min_age: float, now: float) -> tuple[list[Garbage], _Shared]:
     if min_age < 0:
         raise ValueError(f"min_age: expected seconds >= 0, found {min_age!r}")
-    now = time.time() if now is None else now
     clock: float = now
-    # One listing per fingerprint, all at once; then each judged from its listing, with only
-    # its reads (commit records, manifests, claims, pins) as requests, fingerprints in parallel.
-    trees = [(fp, tree) for fp, tree in fingerprint_trees(store).items() if tree]
+    # One listing per fingerprint (and one of the shared partitions), all at once; then each
+    # judged from its listing, with only its reads (commit records, manifests, claims, pins)
+    # as requests, fingerprints in parallel.
+    listed = fingerprint_trees(store)
+    shared_tree = listed.pop(SHARED_DIR, {})
+    trees = [(fp, tree) for fp, tree in listed.items() if tree]
 
     def scan(item: tuple[str, dict[str, int]]) -> list[Garbage]:
         fp, tree = item
@@ -108,7 +143,24 @@ def find_garbage(
         parts, parts_left = _parts_garbage(listed, fp, min_age, clock)
         return parts + _fingerprint_garbage(listed, fp, min_age, clock, parts_left)
 
-    return [g for found in map_concurrently(scan, trees, _SCAN_WORKERS) for g in found]
+    shared = _Shared(References(), [])
+    if not shared_tree:
+        return [g for found in map_concurrently(scan, trees, _SCAN_WORKERS) for g in found], shared
+    # What committed snapshots reference, read while the fingerprints are judged; a directory
+    # without a record that a reader holds may be a snapshot being removed whose record
+    # comes back.
+    committed = [fp for fp, tree in trees if fmt.COMMIT_NAME in tree]
+    pinned = [fp for fp, tree in trees if fmt.COMMIT_NAME not in tree and _has_pins(tree)]
+    with cf.ThreadPoolExecutor(1, thread_name_prefix="snapstore-gc") as pool:
+        references = pool.submit(read_references, store, committed, pinned)
+        found = [g for found in map_concurrently(scan, trees, _SCAN_WORKERS) for g in found]
+        shared.known = references.result()
+    found += _shared_garbage(store, shared_tree, shared, min_age, now)
+    return found, shared
+
+
+def _has_pins(tree: dict[str, int]) -> bool:
+    return any(name.startswith(f"{PINS_DIR}/pin-") for name in tree)
 
 
 # Fingerprints judged at once; each judges up to listing_workers partitions at once.
@@ -199,8 +251,109 @@ def _partition_started(store: Store, path: str) -> float | None:
     return max(times, default=None)
 
 
+def _shared_garbage(
+    store: Store, tree: dict[str, int], shared: _Shared, min_age: float, now: float
+) -> list[Garbage]:
+    """Garbage under the root's shared partitions (``tree``: their listing), stage by stage;
+    the partitions judged garbage are added to ``shared.removals``."""
+    listed = ListedStore(store, SHARED_DIR, tree)
+    stages = [s for s in listed.list_dir(SHARED_DIR) if fmt.is_plain_name(s)]
+    judged = map_concurrently(
+        lambda s: _stage_garbage(listed, s, shared.known, min_age, now), stages, _SCAN_WORKERS
+    )
+    found: list[Garbage] = []
+    for garbage, removals, claim_files in judged:
+        found += garbage
+        shared.removals += removals
+        shared.claims.update(claim_files)
+    return found
+
+
+def _stage_garbage(
+    store: ListedStore, stage: str, known: References, min_age: float, now: float
+) -> tuple[list[Garbage], list[Removal], dict[str, list[str]]]:
+    """The garbage of one stage's shared partitions, the partitions to remove whole, and the
+    claim files listed in kept partitions whose claims are garbage (by claims directory)."""
+    base = f"{SHARED_DIR}/{stage}"
+    pinned = list_pins(store, base)
+    jobs = {p.owner for p in live_pins(store, base, now, names=pinned)} if pinned else set()
+    found: list[Garbage] = []
+    for name in pinned:
+        match = PIN_NAME.fullmatch(name)
+        if match and match.group(1) not in jobs:
+            found.append(
+                Garbage(f"{base}/{PINS_DIR}/{name}", "pin", "the pin of a job that is gone", 0)
+            )
+    removals: list[Removal] = []
+    claim_files: dict[str, list[str]] = {}
+    left = False
+    for name in store.list_dir(base):
+        path = f"{base}/{name}"
+        if name == PINS_DIR or not fmt.is_plain_name(name):
+            left = left or name != PINS_DIR
+            continue
+        files = store.list_tree(path)
+        held = [n[len(CLAIMS_DIR) + 1 :] for n in files if n.startswith(f"{CLAIMS_DIR}/")]
+        claim_live = bool(held) and not inspect_claim(store, path, held).expired(now)
+        why = None
+        if not jobs and not claim_live:  # a running job of the stage may use any of them
+            why = _shared_reason(store, path, f"{stage}/{name}", known, min_age, now)
+        if why is not None:
+            found.append(Garbage(path, "partition", why, store.disk_usage(path)))
+            removals.append(Removal(path, tuple(files)))
+            continue
+        left = True
+        keep = frozenset(
+            r.rsplit("/", 1)[-1] for r in known.runs if r.startswith(f"{stage}/{name}/runs/")
+        )
+        inner = _fingerprint_garbage(store, path, min_age, now, keep_runs=keep)
+        if any(g.kind == "claims" for g in inner):  # removed as listed, see collect_garbage
+            claim_files[f"{path}/{CLAIMS_DIR}"] = held
+        # Never the directory (a job may be about to compute it), nor a live claim.
+        found += [
+            g for g in inner if g.kind != "directory" and not (claim_live and g.kind == "claims")
+        ]
+    if not left and not jobs:
+        found.append(Garbage(base, "directory", "no partitions left", 0))
+    return found, removals, claim_files
+
+
+def _shared_reason(
+    store: Store, path: str, ref: str, known: References, min_age: float, now: float
+) -> str | None:
+    """Why the shared partition at ``path`` (not claimed, its stage not pinned) is garbage, or
+    None if it is not: referenced (or references unknown), damaged, or younger than
+    ``min_age`` by the start of its newest run."""
+    if known.holds(ref) is not None:
+        return None
+    runs = store.list_dir(f"{path}/runs")
+    times = [t for run in runs if (t := _run_started(run)) is not None]
+    if store.exists(f"{path}/{fmt.COMMIT_NAME}"):
+        started = _partition_started(store, path)
+        if started is None or now - started < min_age:
+            return None
+        return (
+            f"a shared partition no committed snapshot references, computed {_ago(now - started)}"
+        )
+    if times and now - max(times) < min_age:
+        return None
+    return "a shared partition left uncommitted by a job that is gone (crashed or killed)"
+
+
+def _ago(seconds: float) -> str:
+    for unit, size, upto in (("s", 1, 120), ("min", 60, 7200), ("h", 3600, 172800)):
+        if seconds < upto:
+            return f"{seconds / size:.0f} {unit} ago"
+    return f"{seconds / 86400:.1f} days ago"
+
+
 def _fingerprint_garbage(
-    store: Store, fp: str, min_age: float, now: float, parts_left: bool = False
+    store: Store,
+    fp: str,
+    min_age: float,
+    now: float,
+    parts_left: bool = False,
+    keep_runs: frozenset[str] = frozenset(),
 ) -> list[Garbage]:
     if not _OURS & set(store.list_dir(fp)):
         return []  # not a snapshot directory (someone's notes/): not ours to judge
@@ -216,8 +369,8 @@ def _fingerprint_garbage(
     found: list[Garbage] = []
     runs = store.list_dir(f"{fp}/runs")
     for run in runs:
-        if run == committed_run or (live and committed_run is None):
-            continue
+        if run == committed_run or run in keep_runs or (live and committed_run is None):
+            continue  # (keep_runs: runs a committed snapshot's shards point into)
         started = _run_started(run)
         if started is None or now - started < min_age:
             continue
@@ -265,11 +418,28 @@ def collect_garbage(
         What was removed (or, with ``dry_run``, what would be).
     """
     store = as_store(store)
-    found = find_garbage(store, min_age=min_age, now=now)
-    if not dry_run:
-        for item in found:
+    now = time.time() if now is None else now
+    found, shared = _find(store, min_age, now)
+    if dry_run:
+        return found
+    whole = {r.path for r in shared.removals}
+    stages = [g.path for g in found if g.kind == "directory" and g.path.startswith(SHARED_DIR)]
+    for item in found:
+        if item.path in shared.claims:
+            remove_listed_claims(store, item.path.rsplit("/", 1)[0], shared.claims[item.path])
+        elif item.path not in whole and item.path not in stages:
             store.remove_tree(item.path)
-    return found
+    # Shared partitions go only if nothing holds them once their records are away (a job may
+    # have started on them since the listing); their stage's directory only if left empty.
+    kept = remove_partitions(store, shared.removals, shared.known, now=now)
+    for path in kept:
+        stages = [s for s in stages if not path.startswith(f"{s}/")]
+    for stage in stages:
+        store.remove_empty_dir(f"{stage}/{PINS_DIR}")
+        store.remove_empty_dir(stage)
+    if stages:
+        store.remove_empty_dir(SHARED_DIR)
+    return [g for g in found if g.path not in kept]
 
 
 @dataclass(frozen=True)

@@ -25,7 +25,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from ..errors import BusyError, SnapstoreError, StageError
+from ..errors import BusyError, SnapshotNotFoundError, SnapstoreError, StageError
 from ..fingerprint.digest import hash_value
 from ..fingerprint.inputs import Inputs
 from ..fingerprint.partition import members, partition_fingerprint, stage_key
@@ -36,7 +36,12 @@ from ..storage.store import LocalStore, Store
 from .boundaries import content_boundaries
 from .engines import PartitionTask, make_engine
 from .parallel import PartitionJob, compute_partitions
-from .partitions import PartitionLayout, commit_partitions, remove_partition_claims
+from .partitions import (
+    PartitionLayout,
+    commit_partitions,
+    holding_stage,
+    remove_partition_claims,
+)
 from .progress import ProgressArg, Reporter, holder_text, open_reporter, tee
 from .stageoptions import StageOptions
 from .writer import ProgressCallback, SnapshotWriter
@@ -110,7 +115,10 @@ class StageJob:
     explain: Callable[[str], dict[str, Any] | None]
 
     def explain_miss(self, doing: str = "computing it") -> None:
-        self.target.miss_explanation = self.explain(doing)
+        try:
+            self.target.miss_explanation = self.explain(doing)
+        except SnapshotNotFoundError:  # the snapshot compared with was removed meanwhile
+            log.debug("snapstore: no miss explanation for %s", self.name, exc_info=True)
 
 
 def run_job(job: StageJob, progress: ProgressArg | Reporter = None) -> None:
@@ -275,10 +283,20 @@ def _write_partitioned(job: StageJob, partition_by: str, progress: Reporter) -> 
     """Compute the partitions no other live job holds on the engine and no earlier call of the
     stage has committed, wait for the others (taking over expired claims), then assemble and
     commit. Finished partitions are never recomputed, whichever call of the stage made them."""
-    snap, settings = job.target, job.settings
-    store, fp = snap.store, snap.fingerprint
+    store, settings = job.target.store, job.settings
     split = _split(job.fn, job.args, job.kwargs, partition_by, settings.partition_size)
     layout = _shared_layout(job, partition_by, split)
+    # Pinned before the first look at a partition, until the snapshot references them: gc and
+    # rm leave the stage's partitions alone meanwhile (snapstore.manage.release).
+    with holding_stage(store, layout):
+        _compute_and_assemble(job, split, layout, progress)
+
+
+def _compute_and_assemble(
+    job: StageJob, split: Split, layout: PartitionLayout, progress: Reporter
+) -> None:
+    snap, settings = job.target, job.settings
+    store, fp = snap.store, snap.fingerprint
     tasks = [
         PartitionTask(
             job.fn, job.name, args, kwargs, store, fp, p, settings.schema, settings.options,

@@ -20,7 +20,10 @@ Where partitions live is a :class:`PartitionLayout`:
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping, Sequence
+import contextlib
+import logging
+import time
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -31,9 +34,11 @@ from ..format import layout as fmt
 from ..format.checksums import WRITTEN
 from ..format.inference import merge_stored
 from ..format.schema import Schema
+from ..oldpaths import historic_name
 from ..read.reader import SnapshotReader
 from ..storage.claims import CLAIMS_DIR, remove_claims
 from ..storage.listing import list_prefixes, listing_workers, map_concurrently
+from ..storage.pins import PINS_DIR, Pin
 from ..storage.store import Store
 from .writer import (
     Columns,
@@ -50,12 +55,16 @@ __all__ = [
     "PartitionLayout",
     "PartitionStatus",
     "commit_partitions",
+    "holding_stage",
     "partition_dir",
     "partition_done",
     "partition_status",
+    "remove_listed_claims",
     "remove_partition_claims",
     "write_partition",
 ]
+
+log = logging.getLogger(historic_name(__name__))
 
 PARTS_DIR = "parts"
 SHARED_DIR = fmt.SHARED_PARTS_DIR
@@ -197,15 +206,72 @@ def partition_status(
 def remove_partition_claims(
     store: Store, fingerprint: str | PartitionLayout, partitions: Iterable[int]
 ) -> None:
-    """Best effort, once the snapshot is committed: delete the claims directories that
-    listings show under ``partitions``, concurrently (not one request per partition)."""
+    """Best effort, once the snapshot is committed: delete the claims that listings show under
+    ``partitions``, concurrently (not one request per partition). A snapshot's own partitions
+    lose their claims directories; shared ones only the claim files listed (see
+    :func:`remove_listed_claims`): another job may be claiming one anew meanwhile."""
     layout = _layout(fingerprint)
     ids = list(partitions)
     wanted = {layout.name(p) for p in ids}
     tree = list_prefixes(store, layout.base, layout.prefixes(ids))
-    held = sorted({rel.split("/", 1)[0] for rel in tree if rel.split("/")[1:2] == [CLAIMS_DIR]})
-    where = [f"{layout.base}/{name}" for name in held if name in wanted]
-    map_concurrently(lambda w: remove_claims(store, w), where)
+    listed: dict[str, list[str]] = {}
+    for rel in tree:
+        name, _, inside = rel.partition("/")
+        if name in wanted and inside.startswith(f"{CLAIMS_DIR}/"):
+            listed.setdefault(name, []).append(inside[len(CLAIMS_DIR) + 1 :])
+    if layout.is_shared:
+        items = sorted(listed.items())
+        map_concurrently(
+            lambda i: remove_listed_claims(store, f"{layout.base}/{i[0]}", i[1]), items
+        )
+    else:
+        map_concurrently(lambda name: remove_claims(store, f"{layout.base}/{name}"), sorted(listed))
+
+
+def remove_listed_claims(store: Store, where: str, names: Iterable[str]) -> None:
+    """Best effort: delete the claim files ``names`` (as a listing of ``where``'s claims showed
+    them), heartbeats first and claim files last, then the claims directory if that leaves it
+    empty. A file written since the listing, or one being created (a temporary name), stays:
+    removing the whole directory could take a claim from under a job that is creating it."""
+    rank = {"beat": 0, "released": 1, "claim": 2}
+    order = sorted(
+        (n for n in names if "/" not in n and not n.startswith(".")),
+        key=lambda n: (rank.get(n.split("-", 1)[0], -1), n),
+    )
+    try:
+        for name in order:
+            store.remove_tree(f"{where}/{CLAIMS_DIR}/{name}")
+        store.remove_empty_dir(f"{where}/{CLAIMS_DIR}")
+    except Exception:  # gc removes what is left
+        log.debug("could not remove the claims of %s", where, exc_info=True)
+
+
+@contextlib.contextmanager
+def holding_stage(store: Store, layout: PartitionLayout) -> Iterator[None]:
+    """Pin a stage's shared partitions while a job finds, computes and assembles them.
+
+    The pin (``parts/<stage key>/pins/pin-<owner>-<k>``, renewed on a thread like a reader's,
+    see :mod:`snapstore.storage.pins`) is written before the job looks at any partition and
+    taken down once its snapshot is committed (and so references them): ``snapstore gc`` and
+    ``rm`` leave every partition of a stage with a live pin alone (see
+    :mod:`snapstore.manage.release`). Directories left empty are removed afterwards. A
+    numbered layout is not pinned.
+    """
+    if not layout.is_shared:
+        yield
+        return
+    handle = Pin(store, layout.base)
+    try:
+        handle.renew()
+        handle.start()
+        yield
+    finally:
+        handle.release()
+        # A job that committed nothing leaves no empty directory (each step refuses a
+        # directory another job has put something in).
+        for path in (f"{layout.base}/{PINS_DIR}", layout.base, SHARED_DIR):
+            if not store.remove_empty_dir(path):
+                break
 
 
 def write_partition(
@@ -333,17 +399,27 @@ def commit_partitions(
     return won
 
 
+# Seconds between looks at a shared partition's missing commit record: a removal that found the
+# stage in use puts it back (snapstore.manage.release).
+_RESTORE_DELAYS = (0.25, 0.5, 1.0, 2.0)
+
+
 def _partition_reader(
     store: Store, layout: PartitionLayout, partition: int, fingerprint: str
 ) -> SnapshotReader:
     """Partition ``partition``'s reader (commit record, manifest, index); opened for every
     partition at once, so a partition that is not committed is found without a listing."""
+    where = layout.dir(partition)
+    for delay in _RESTORE_DELAYS if layout.is_shared else ():
+        with contextlib.suppress(FileNotFoundError):
+            return SnapshotReader(store, where)
+        time.sleep(delay)
     try:
-        return SnapshotReader(store, layout.dir(partition))
+        return SnapshotReader(store, where)
     except FileNotFoundError as exc:  # SnapshotNotFoundError among them
         raise FormatError(
-            f"partition {partition} of {fingerprint} ({layout.dir(partition)}) under "
-            f"{store.url} is not committed; compute it before assembling the snapshot"
+            f"partition {partition} of {fingerprint} ({where}) under {store.url} is not "
+            "committed; compute it before assembling the snapshot"
         ) from exc
 
 
