@@ -295,7 +295,8 @@ def test_stateful_loader_makes_no_warning(snap: snapstore.Snapshot, tmp_path: Pa
             import warnings
             from torchdata.stateful_dataloader import StatefulDataLoader
             from snapstore.torch import SnapshotIterableDataset
-            ds = SnapshotIterableDataset({snap.fingerprint!r}, {str(snap.store.url)!r}, batch_size=4)
+            fp, root = {snap.fingerprint!r}, {str(snap.store.url)!r}
+            ds = SnapshotIterableDataset(fp, root, batch_size=4)
             for _ in range(2):
                 assert sum(len(b["id"]) for b in StatefulDataLoader(ds, batch_size=None)) == {N}
             warnings.warn("'set_vital' is deprecated, from user code", UserWarning)
