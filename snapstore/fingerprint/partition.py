@@ -76,6 +76,7 @@ def stage_key(
     values: Mapping[str, Any],
     *,
     arguments: str | None = None,
+    schema: Any = None,
 ) -> str:
     """The identity a partitioned stage gives every partition, the partitioned input left out.
 
@@ -91,6 +92,9 @@ def stage_key(
         The digest that stands for the arguments, for a stage with ``key=`` (``key`` of the
         partition's call varies by partition: pass it to :func:`partition_fingerprint`
         instead and leave this None).
+    schema : JSON-able, optional
+        The stage's declared schema (``Schema.to_json()``), which decides the types partitions
+        store: partitions written under another declaration (or none) are not reused.
 
     Returns
     -------
@@ -125,6 +129,8 @@ def stage_key(
         "inputs": hash_value(others, "input digests"),
         "ignored": hash_value(sorted(details.get("ignored") or [])),
     }
+    if schema is not None:  # absent otherwise: keys of stages without a declaration unchanged
+        identity["schema"] = hash_value(schema, "declared schema")
     h = hashlib.sha256()
     feed_item(h, b"snapstore-partitioned-stage")
     for name in sorted(identity):

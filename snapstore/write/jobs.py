@@ -253,7 +253,9 @@ def _shared_layout(job: StageJob, partition_by: str, split: Split) -> PartitionL
     parts = dict(job.manifest.get("fingerprint_parts") or {})
     details = dict(job.manifest.get("fingerprint_details") or {})
     key_fn = job.settings.key
-    stage = stage_key(parts, details, partition_by, values)
+    declared = job.settings.schema
+    schema = None if declared is None else declared.to_json()
+    stage = stage_key(parts, details, partition_by, values, schema=schema)
     names = []
     for args, kwargs, inputs in calls:
         keyed = None

@@ -455,6 +455,14 @@ def _merged_schema(
     readers: list[SnapshotReader], ids: list[int], declared: Schema | None, fp: str
 ) -> Schema:
     if declared is not None:
+        for p, reader in zip(ids, readers):
+            if len(reader) and merge_stored(declared, reader.schema) != declared:
+                raise SchemaError(
+                    f"partition {p} of {fp} stores {reader.schema.to_json()}, not the declared "
+                    f"schema {declared.to_json()}; it was written under another declaration. "
+                    "Remove it (snapstore gc, or rm of the snapshots using it) and compute it "
+                    "again."
+                )
         return declared
     found: Schema | None = None
     for p, reader in zip(ids, readers):
@@ -467,8 +475,27 @@ def _merged_schema(
         if merged is None:
             raise SchemaError(
                 f"partitions of {fp} inferred different schemas: partition {p} has "
-                f"{reader.schema.to_json()}, earlier ones {found.to_json()}. Declare the "
-                "schema with snapshot(..., schema=...) so every partition writes the same types."
+                f"{reader.schema.to_json()}, earlier ones {found.to_json()}. Each partition "
+                "infers its schema from its own samples, so an array whose samples all had one "
+                "shape in a partition (a partition of one input, say) is stored fixed there "
+                "and varying elsewhere. Declare the schema with snapshot(..., schema=...) so "
+                f"every partition writes the same types{_declaration(found, reader.schema)}."
             )
         found = merged  # one partition saw None where another did not: the field is nullable
     return found or Schema(())
+
+
+def _declaration(a: Schema, b: Schema) -> str:
+    """``, e.g. schema={...}`` for the fields two partitions' schemas disagree on where one
+    declaration reads both (arrays of one dtype and rank: the differing dimensions varying)."""
+    known = {f.name: f for f in b.fields}
+    hints = []
+    for x in a.fields:
+        y = known.get(x.name)
+        if y is None or x == y or x.kind != "array" or y.kind != "array":
+            continue
+        if x.dtype != y.dtype or x.shape is None or y.shape is None or len(x.shape) != len(y.shape):
+            continue
+        shape = tuple(i if i == j else None for i, j in zip(x.shape, y.shape))
+        hints.append(f"{x.name!r}: ({x.dtype!r}, {shape!r})")
+    return f", e.g. schema={{{', '.join(hints)}, ...}}" if hints else ""
