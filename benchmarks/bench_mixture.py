@@ -178,7 +178,10 @@ def main() -> None:
                     0.9,
                     ".2f",
                 )
-        weights = [0.5, 0.21, 0.117, 0.07, 0.043, 0.03, 0.02, 0.01]
+        # Weights that do not repeat every 1,000 samples (three-decimal weights would, making
+        # every 1,000-sample window exact by construction).
+        raw = [0.5, 0.2137, 0.1171, 0.0713, 0.0431, 0.0297, 0.0193, 0.0101]
+        weights = [w / sum(raw) for w in raw]
         counts = [max(1000, int(200_000 * w * scale)) for w in weights]
         shares = run_child("shares", counts=counts, weights=weights)
         print(f"8 sources, 2 ranks x 2 workers: samples per consumer {shares['per_consumer']}")
