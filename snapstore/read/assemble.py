@@ -21,6 +21,7 @@ of it (an unshuffled read), as before; with one, every array is the allocator's.
 
 from __future__ import annotations
 
+import collections
 import operator
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -31,7 +32,15 @@ from ..format.columns import ROW_COPY_BYTES, BlockColumns, gather_objects, nest_
 from ..format.ragged import RaggedRows, pad_into, pad_shapes
 from ..format.schema import Field, Schema
 
-__all__ = ["Allocate", "BatchBuilder", "FixedRows", "Spec", "allocate_arrays", "chunk_rows"]
+__all__ = [
+    "Allocate",
+    "BatchBuilder",
+    "FixedRows",
+    "Spec",
+    "allocate_arrays",
+    "chunk_rows",
+    "cut_rows",
+]
 
 Spec = tuple[tuple[int, ...], np.dtype[Any]]
 """The shape and dtype of one array of a batch."""
@@ -39,6 +48,23 @@ Allocate = Callable[[Sequence[Spec]], list[np.ndarray[Any, Any]]]
 """``allocate(specs)``: one new, writable, C-contiguous array per spec, in order."""
 Part = tuple[dict[str, Any], int, int]  # (a chunk's rows by field, start, stop)
 _Fill = Callable[[list[np.ndarray[Any, Any]]], None]
+
+
+def cut_rows(pieces: collections.deque[list[Any]], size: int) -> list[Part]:
+    """The next ``size`` rows of ``pieces`` (``[chunk rows, start, stop]`` each, consumed from
+    the left: a piece's start advances, a used-up piece is dropped), as (chunk rows, start,
+    stop) runs for :meth:`BatchBuilder.build`."""
+    parts: list[Part] = []
+    while size:
+        piece = pieces[0]
+        chunk, start, stop = piece
+        count = min(size, stop - start)
+        parts.append((chunk, start, start + count))
+        piece[1] += count
+        size -= count
+        if piece[1] == stop:
+            pieces.popleft()
+    return parts
 
 
 def allocate_arrays(specs: Sequence[Spec]) -> list[np.ndarray[Any, Any]]:

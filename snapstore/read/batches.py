@@ -24,7 +24,7 @@ from ..format.handoff import Handoff
 from ..format.plan import EpochPlan, PlanOptions
 from ..format.ragged import FORMS, check_form
 from ..oldpaths import historic_name
-from .assemble import Allocate, BatchBuilder, chunk_rows
+from .assemble import Allocate, BatchBuilder, chunk_rows, cut_rows
 from .options import ReaderOptions, ReaderSettings, reader_options
 from .prefetch import Prefetcher, ReadStats
 from .reader import SnapshotReader
@@ -357,9 +357,9 @@ class BatchReader:
             buffered += len(idx)
             while buffered >= self.batch_size:
                 buffered -= self.batch_size
-                yield builder.build(_cut(pieces, self.batch_size)), self.batch_size
+                yield builder.build(cut_rows(pieces, self.batch_size)), self.batch_size
         if buffered and not self.options.drop_last:
-            yield builder.build(_cut(pieces, buffered)), buffered
+            yield builder.build(cut_rows(pieces, buffered)), buffered
 
     def _batches(self, handoff: Handoff[tuple[dict[str, Any], int]]) -> Iterator[dict[str, Any]]:
         try:
@@ -375,21 +375,6 @@ class BatchReader:
                 self._end_pass()
             else:
                 handoff.close()
-
-
-def _cut(pieces: collections.deque[list[Any]], size: int) -> list[tuple[dict[str, Any], int, int]]:
-    """The next ``size`` rows of the pieces, as (chunk rows, start, stop) runs."""
-    parts = []
-    while size:
-        piece = pieces[0]
-        chunk, start, stop = piece
-        count = min(size, stop - start)
-        parts.append((chunk, start, start + count))
-        piece[1] += count
-        size -= count
-        if piece[1] == stop:
-            pieces.popleft()
-    return parts
 
 
 def _order_and_settings(

@@ -27,7 +27,7 @@ from ..format.handoff import Handoff
 from ..format.plan import EpochPlan, PlanOptions, derive_key
 from ..format.ragged import check_form
 from ..format.schema import Schema
-from .assemble import Allocate, BatchBuilder, chunk_rows
+from .assemble import Allocate, BatchBuilder, chunk_rows, cut_rows
 from .batches import snapshot_id
 from .mixture import MIX_DOMAIN, MixSchedule
 from .options import ReaderOptions
@@ -358,7 +358,7 @@ class MixedBatchReader:
             for i, count in runs:
                 if held[i] < count:
                     held[i] = self._rows(i, pending[i], count)
-                parts.extend(_cut(pending[i], count))
+                parts.extend(cut_rows(pending[i], count))
                 held[i] -= count
             batch = builder.build(parts)
             if grouped and len(runs) > 1:
@@ -432,18 +432,3 @@ def _reorder(batch: Any, order: np.ndarray[Any, Any], size: int) -> Any:
 def _close_all(prefetchers: list[Prefetcher]) -> None:
     for prefetcher in prefetchers:
         prefetcher.close()
-
-
-def _cut(pieces: collections.deque[list[Any]], size: int) -> list[tuple[dict[str, Any], int, int]]:
-    """The next ``size`` rows of the pieces, as (chunk rows, start, stop) runs."""
-    parts = []
-    while size:
-        piece = pieces[0]
-        chunk, start, stop = piece
-        count = min(size, stop - start)
-        parts.append((chunk, start, start + count))
-        piece[1] += count
-        size -= count
-        if piece[1] == stop:
-            pieces.popleft()
-    return parts
