@@ -49,6 +49,7 @@ from ..storage.listing import map_concurrently
 from ..storage.pins import live_pins
 from ..storage.store import Store
 from ..write.partitions import SHARED_DIR, remove_listed_claims
+from .sharing import partition_refs
 
 __all__ = [
     "REMOVER_LEASE",
@@ -102,8 +103,9 @@ class References:
     def add(self, fingerprint: str, manifest: dict[str, Any]) -> None:
         """Record what ``manifest`` (of ``fingerprint``) references; a malformed list makes
         its references unknown."""
-        found = manifest.get("shared_partitions") or []
-        if not isinstance(found, list) or not all(isinstance(r, str) for r in found):
+        try:
+            found = partition_refs(manifest)
+        except FormatError:
             self.unknown.append(fingerprint)
             return
         self.read.add(fingerprint)
@@ -150,13 +152,9 @@ def partitions_of(store: Store, fingerprint: str) -> list[str]:
     """The shared partitions a committed snapshot references, in order (none if it is not
     committed, or is damaged: ``gc`` judges their partitions then)."""
     try:
-        manifest = load_manifest(store, fingerprint)
-    except (FormatError, FileNotFoundError):
+        return partition_refs(load_manifest(store, fingerprint))
+    except (FormatError, FileNotFoundError):  # malformed references: verify reports them
         return []
-    refs = manifest.get("shared_partitions") or []
-    if not isinstance(refs, list) or not all(isinstance(r, str) for r in refs):
-        return []  # malformed: verify reports it
-    return refs
 
 
 def snapshot_names(store: Store) -> list[str]:
