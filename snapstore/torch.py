@@ -17,7 +17,6 @@ fingerprint) and open the snapshot lazily in the process that reads, so they wor
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import operator
 import os
@@ -44,7 +43,7 @@ from .read.mixed import MixedBatchReader
 from .read.options import ReaderOptions, reader_options
 from .snapshot import Snapshot
 from .torch_accelerate import AccelerateSplit, accelerate_split
-from .torch_passes import PassCounter, pass_token
+from .torch_passes import PassCounter, hash_ints, pass_token
 from .torch_pool import allocate_pooled
 from .torch_ragged import (
     RaggedList,
@@ -205,8 +204,7 @@ def _warn_undistributed() -> None:
 
 def _transform_seed(*parts: int) -> int:
     """A 63-bit seed from the integers that identify one batch of one consumer."""
-    digest = hashlib.blake2b(repr(parts).encode(), digest_size=8).digest()
-    return int.from_bytes(digest, "little") >> 1
+    return hash_ints(*parts) >> 1
 
 
 def _unbatch(batch: dict[str, Any], size: int) -> list[dict[str, Any]]:

@@ -25,7 +25,7 @@ from typing import Any
 
 import torch
 
-__all__ = ["PassCounter", "pass_token"]
+__all__ = ["PassCounter", "hash_ints", "pass_token"]
 
 _SLOTS = 64
 _TOKEN_BITS = 24
@@ -34,10 +34,15 @@ _EPOCH_SHIFT = _TOKEN_BITS + _GEN_BITS
 MAX_EPOCH = (1 << (63 - _EPOCH_SHIFT)) - 2
 
 
+def hash_ints(*parts: int) -> int:
+    """A 64-bit hash of some integers, the same in every process (no ``PYTHONHASHSEED``)."""
+    digest = hashlib.blake2b(repr(parts).encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "little")
+
+
 def pass_token(*parts: int) -> int:
     """A 24-bit token, never 0, from integers that identify a pass."""
-    digest = hashlib.blake2b(repr(parts).encode(), digest_size=8).digest()
-    return int.from_bytes(digest, "little") % ((1 << _TOKEN_BITS) - 1) + 1
+    return hash_ints(*parts) % ((1 << _TOKEN_BITS) - 1) + 1
 
 
 def _pack(epoch: int, gen: int, token: int) -> int:
