@@ -122,7 +122,8 @@ class RaggedRows:
     def __len__(self) -> int:
         return len(self.rows)
 
-    def __getitem__(self, part: slice) -> RaggedRows:
+    def __getitem__(self, part: slice | np.ndarray[Any, Any]) -> RaggedRows:
+        """The rows in ``part``: a slice, or an array of row numbers in any order."""
         sliced = RaggedRows.__new__(RaggedRows)
         sliced.field, sliced.cols = self.field, self.cols
         sliced.which, sliced.rows = self.which[part], self.rows[part]
@@ -130,6 +131,22 @@ class RaggedRows:
         sliced.shapes = None if self.shapes is None else self.shapes[part]
         sliced._flat = self._flat
         return sliced
+
+    @classmethod
+    def join(cls, parts: Sequence[RaggedRows]) -> RaggedRows:
+        """The rows of ``parts`` one after another (blocks of several chunks, or of several
+        snapshots): only the rows' indices are joined, no value is copied."""
+        joined = RaggedRows.__new__(RaggedRows)
+        joined.field, joined._flat = parts[0].field, parts[0]._flat
+        bases = np.cumsum([0, *(len(p.cols) for p in parts[:-1])])
+        joined.cols = [c for p in parts for c in p.cols]
+        joined.which = np.concatenate([p.which + b for p, b in zip(parts, bases, strict=True)])
+        joined.rows = np.concatenate([p.rows for p in parts])
+        joined.starts = np.concatenate([p.starts for p in parts])
+        joined.stops = np.concatenate([p.stops for p in parts])
+        shapes = [p.shapes for p in parts if p.shapes is not None]
+        joined.shapes = np.concatenate(shapes) if len(shapes) == len(parts) else None
+        return joined
 
     def arrays(self) -> list[np.ndarray[Any, Any]]:
         """The rows as read-only views into the blocks, one ndarray each."""

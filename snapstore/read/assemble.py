@@ -22,6 +22,7 @@ of it (an unshuffled read), as before; with one, every array is the allocator's.
 from __future__ import annotations
 
 import collections
+import math
 import operator
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -40,6 +41,7 @@ __all__ = [
     "allocate_arrays",
     "chunk_rows",
     "cut_rows",
+    "interleave",
 ]
 
 Spec = tuple[tuple[int, ...], np.dtype[Any]]
@@ -87,7 +89,7 @@ class FixedRows:
         which: np.ndarray[Any, Any],
         rows: np.ndarray[Any, Any],
     ) -> None:
-        self.count = len(rows)
+        self.field, self.count = field, len(rows)
         self.dtype = cols[0].dtype if cols else field.np_dtype
         shape = cols[0].shape[1:] if cols else (field.shape or ())
         self.row_shape = tuple(int(d or 0) for d in shape)
@@ -103,6 +105,29 @@ class FixedRows:
             starts = np.cumsum([0] + [len(c) for c in cols[:-1]])
             self.source, self.index = np.concatenate(cols), starts[which] + rows
 
+    @classmethod
+    def join(
+        cls, runs: Sequence[tuple[FixedRows, int, int]], order: np.ndarray[Any, Any]
+    ) -> FixedRows:
+        """Rows ``a:b`` of each run, one after another, in ``order`` (see :func:`interleave`)."""
+        first = runs[0][0]
+        size = first.dtype.itemsize * math.prod(first.row_shape)
+        if size < ROW_COPY_BYTES:
+            values = np.empty((sum(b - a for _, a, b in runs), *first.row_shape), first.dtype)
+            at = 0
+            for rows, a, b in runs:
+                rows.fill(a, b, values[at : at + b - a])
+                at += b - a
+            ordered = values[order]
+            return cls(first.field, [ordered], np.zeros(len(order), np.intp), np.arange(len(order)))
+        bases = np.cumsum([0, *(len(rows.cols) for rows, _, _ in runs[:-1])])
+        cols = [c for rows, _, _ in runs for c in rows.cols]
+        which = np.concatenate(
+            [r.which[a:b] + base for (r, a, b), base in zip(runs, bases, strict=True)]
+        )
+        rows_ = np.concatenate([r.rows[a:b] for r, a, b in runs])
+        return cls(first.field, cols, which[order], rows_[order])
+
     def fill(self, start: int, stop: int, out: np.ndarray[Any, Any]) -> None:
         """Copy rows ``start:stop`` into ``out`` (``stop - start`` rows)."""
         if stop <= start:
@@ -115,6 +140,28 @@ class FixedRows:
             sources = map(self.cols.__getitem__, self.which[start:stop].tolist())
             views = list(map(operator.getitem, sources, self.rows[start:stop].tolist()))
             np.concatenate(views, axis=None, out=out.reshape(-1))
+
+
+def interleave(parts: Sequence[Part], order: np.ndarray[Any, Any]) -> dict[str, Any]:
+    """One chunk of the rows of ``parts`` (taken one after another) put in ``order``: its row
+    ``k`` is their row ``order[k]``.
+
+    The parts may come from different snapshots (a mixture's sources). Only the rows' indices
+    are joined and permuted, so :meth:`BatchBuilder.build` then copies each large row once,
+    straight to its place; rows under ``ROW_COPY_BYTES`` are gathered here first, as their
+    copies are cheap and a gather over several chunks' blocks is not.
+    """
+    out: dict[str, Any] = {}
+    for name, first in parts[0][0].items():
+        runs = [(c[name], a, b) for c, a, b in parts]
+        if isinstance(first, RaggedRows):
+            out[name] = RaggedRows.join([rows[a:b] for rows, a, b in runs])[order]
+        elif isinstance(first, FixedRows):
+            out[name] = FixedRows.join(runs, order)
+        else:
+            values = [v for rows, a, b in runs for v in rows[a:b]]
+            out[name] = [values[k] for k in order.tolist()]
+    return out
 
 
 def chunk_rows(

@@ -15,7 +15,6 @@ import collections
 import dataclasses
 import functools
 import hashlib
-import itertools
 import operator
 from collections.abc import Iterator, Sequence
 from typing import Any
@@ -27,7 +26,7 @@ from ..format.handoff import Handoff
 from ..format.plan import EpochPlan, PlanOptions, derive_key
 from ..format.ragged import check_form
 from ..format.schema import Schema
-from .assemble import Allocate, BatchBuilder, chunk_rows, cut_rows
+from .assemble import Allocate, BatchBuilder, chunk_rows, cut_rows, interleave
 from .batches import snapshot_id
 from .mixture import MIX_DOMAIN, MixSchedule
 from .options import ReaderOptions
@@ -344,25 +343,23 @@ class MixedBatchReader:
         pending: list[collections.deque[list[Any]]] = [collections.deque() for _ in self.sources]
         held = [0] * len(self.sources)
         builder = BatchBuilder(self.schema, self.settings.ragged, self.allocate)
-        # Rows grouped by source (a few runs), then put in schedule order with one gather per
-        # field; packed fields are not row-wise, so they are built run by run in order.
-        grouped = self.settings.ragged != "packed"
         for which in self._batch_sources(segments):
+            # Each source's rows are cut as one run; interleave() puts them in schedule order
+            # by their indices, so the builder copies each row once, straight to its place.
             parts = []
-            if grouped:
-                perm = np.argsort(which, kind="stable")
-                runs = [(int(i), int(n)) for i, n in enumerate(np.bincount(which)) if n]
-            else:
-                cut = [0, *(np.flatnonzero(np.diff(which)) + 1).tolist(), len(which)]
-                runs = [(int(which[lo]), hi - lo) for lo, hi in itertools.pairwise(cut)]
-            for i, count in runs:
+            counts = np.bincount(which, minlength=len(self.sources))
+            for i in np.flatnonzero(counts).tolist():
+                count = int(counts[i])
                 if held[i] < count:
                     held[i] = self._rows(i, pending[i], count)
                 parts.extend(cut_rows(pending[i], count))
                 held[i] -= count
-            batch = builder.build(parts)
-            if grouped and len(runs) > 1:
-                batch = _reorder(batch, np.argsort(perm, kind="stable"), len(which))
+            if np.count_nonzero(counts) > 1:
+                grouped = np.argsort(which, kind="stable")  # the position of each grouped row
+                order = np.argsort(grouped)  # the grouped row of each position
+                batch = builder.build([(interleave(parts, order), 0, len(which))])
+            else:
+                batch = builder.build(parts)
             if self.source_field is not None:
                 batch[self.source_field] = which.copy()
             yield batch, len(which)
@@ -412,21 +409,6 @@ class MixedBatchReader:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
-
-
-def _reorder(batch: Any, order: np.ndarray[Any, Any], size: int) -> Any:
-    """``batch`` with its rows in ``order`` (row ``k`` becomes grouped row ``order[k]``), in
-    place for arrays (which may be the caller's allocation)."""
-    if isinstance(batch, dict):
-        return {k: _reorder(v, order, size) for k, v in batch.items()}
-    if isinstance(batch, list) and len(batch) == size:
-        return [batch[k] for k in order.tolist()]
-    if isinstance(batch, np.ndarray) and batch.ndim and len(batch) == size:
-        if batch.flags.writeable:
-            batch[...] = batch[order]
-            return batch
-        return batch[order]
-    return batch
 
 
 def _close_all(prefetchers: list[Prefetcher]) -> None:
