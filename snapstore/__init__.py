@@ -30,6 +30,7 @@ from .mix import Mixture, mix
 from .oldpaths import MOVED, install, moved_module
 from .read import BatchReader, ReaderOptions, ReadStats
 from .snapshot import Snapshot, Stage, open, snapshot
+from .tracing import trace
 from .storage import FsspecStore, LocalStore, RetryPolicy, Store, default_root, open_store
 from .write import Columns, StageOptions, WriteOptions
 
@@ -77,6 +78,7 @@ __all__ = [
     "open",
     "open_store",
     "snapshot",
+    "trace",
 ]
 
 

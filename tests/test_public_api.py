@@ -56,6 +56,7 @@ SNAPSTORE_ALL = [
     "open",
     "open_store",
     "snapshot",
+    "trace",
 ]
 
 # Modules of an optional extra, skipped where it is not installed.
@@ -259,6 +260,21 @@ MODULE_ALL = {
     "read.mixture": ["MixSchedule", "apportion", "units_before"],
     "read.mixed": ["MixedBatchReader", "SourceSlice", "source_chunks"],
     "mix": ["Mixture", "mix"],
+    "tracing": [
+        "ENV",
+        "RUN_ENV",
+        "Tracing",
+        "complete",
+        "enabled",
+        "flush",
+        "label_process",
+        "merge",
+        "now",
+        "parts_dir",
+        "read_events",
+        "span",
+        "trace",
+    ],
     "write.boundaries": ["BOUNDARY_SCHEME", "content_boundaries", "ends_partition"],
     "write.writer": ["Columns", "ProgressCallback", "SnapshotWriter", "WriteOptions"],
     "write.stageoptions": ["ON_BUSY", "OnBusy", "StageOptions", "StageSettings", "stage_options"],
