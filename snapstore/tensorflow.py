@@ -1,4 +1,4 @@
-"""tf.data datasets over a snapshot, read by snapstore's own prefetching reader.
+"""tf.data datasets over a snapshot or a mixture, read by snapstore's own prefetching reader.
 
 Import this module only where TensorFlow is installed (``pip install 'snapstore[tensorflow]'``).
 
@@ -8,10 +8,11 @@ Import this module only where TensorFlow is installed (``pip install 'snapstore[
 ...     ds = to_dataset(snap, batch_size=256, seed=0, epoch=epoch).prefetch(tf.data.AUTOTUNE)
 ...     for batch in ds: ...
 
-Each dataset is one consumer's share of one epoch (:meth:`snapstore.Snapshot.batches`), built
-with ``tf.data.Dataset.from_generator``: a :class:`~snapstore.BatchReader` fetches, decodes and
-shuffles in its own threads, and the generator hands its batches to TensorFlow. The element
-spec comes from the snapshot's schema (:func:`element_spec`), so it is known before any read.
+Each dataset is one consumer's share of one epoch (:meth:`snapstore.Snapshot.batches`, or
+:meth:`snapstore.Mixture.batches` for a :func:`snapstore.mix` mixture), built with
+``tf.data.Dataset.from_generator``: snapstore's reader fetches, decodes and shuffles in its own
+threads, and the generator hands its batches to TensorFlow. The element spec comes from the
+schema (:func:`element_spec`), so it is known before any read.
 
 ``tf.data`` cannot checkpoint a generator's iterator; resume with :meth:`TFReader.state_after`
 (the reader state after ``k`` elements, a dict of integers) and ``to_dataset(..., state=...)``.
@@ -19,6 +20,7 @@ spec comes from the snapshot's schema (:func:`element_spec`), so it is known bef
 
 from __future__ import annotations
 
+import functools
 import math
 import operator
 from collections.abc import Iterator
@@ -35,7 +37,8 @@ except ImportError as exc:  # pragma: no cover - depends on the environment
 
 from .errors import ResumeError, SchemaError
 from .format.schema import Field, Schema
-from .read.batches import BatchReader
+from .mix import Mixture
+from .read.consumer import ConsumerReader, consumer_samples, every_batch
 from .read.options import ReaderOptions, reader_options
 from .snapshot import Snapshot
 
@@ -237,15 +240,27 @@ def _decode_ragged(parts: dict[str, Any], field: Field, batch: int | None) -> An
     return values
 
 
+def _schema_of(source: Snapshot | Mixture) -> Schema:
+    """The fields a reader of ``source`` yields: its schema, and a mixture's ``source_field``
+    (each sample's source index, int64)."""
+    if isinstance(source, Mixture) and source.source_field is not None:
+        index = Field(source.source_field, "array", "int64", ())
+        return Schema((*source.schema.fields, index))
+    return source.schema
+
+
 class TFReader:
-    """Makes ``tf.data`` datasets of one consumer's share of a snapshot, one per epoch.
+    """Makes ``tf.data`` datasets of one consumer's share of a snapshot or mixture, one per epoch.
 
     Parameters
     ----------
-    snapshot : Snapshot
-        The snapshot to read (materialized here if it is not yet).
+    snapshot : Snapshot or Mixture
+        The snapshot to read (materialized here if it is not yet), or a :func:`snapstore.mix`
+        mixture, read as :meth:`snapstore.Mixture.batches` reads it; its ``source_field``, if
+        set, is an int64 field of every element.
     batch_size : int, optional
-        Samples per batch; None yields one element per sample.
+        Samples per batch; None yields one element per sample (not for a mixture of
+        homogeneous batches, whose order depends on the batch size).
     options : ReaderOptions, optional
         How to read (:class:`snapstore.ReaderOptions`); ``shuffle`` defaults to True here.
     rank, world_size : int, optional
@@ -268,6 +283,8 @@ class TFReader:
 
     Raises
     ------
+    TypeError
+        If ``snapshot`` is neither a Snapshot nor a Mixture.
     SchemaError
         If a field cannot be held by TensorFlow.
     ValueError
@@ -292,7 +309,7 @@ class TFReader:
 
     def __init__(
         self,
-        snapshot: Snapshot,
+        snapshot: Snapshot | Mixture,
         *,
         batch_size: int | None = None,
         options: ReaderOptions | None = None,
@@ -301,8 +318,16 @@ class TFReader:
         ragged: RaggedForm | None = None,
         **settings: Any,
     ) -> None:
-        if not isinstance(snapshot, Snapshot):
-            raise TypeError(f"expected a Snapshot, found {type(snapshot).__name__}")
+        if not isinstance(snapshot, (Snapshot, Mixture)):
+            raise TypeError(
+                "TFReader: expected a snapstore.Snapshot or a snapstore.mix(...) Mixture, found "
+                f"{type(snapshot).__name__}"
+            )
+        if batch_size is None and isinstance(snapshot, Mixture) and snapshot.homogeneous:
+            raise ValueError(
+                "batch_size=None reads single samples, but this mixture draws homogeneous "
+                "batches, whose order depends on the batch size; pass a batch_size"
+            )
         if (rank is None) != (world_size is None):
             raise ValueError(
                 f"pass both rank and world_size or neither, found rank={rank}, "
@@ -319,10 +344,11 @@ class TFReader:
                 )
             ragged = "pad" if read.ragged == "pad" else "ragged"
         drop_last = read.drop_last
-        self.snapshot = snapshot.materialize()
+        self.snapshot = snapshot.materialize() if isinstance(snapshot, Snapshot) else snapshot
         self.batch_size = batch_size
+        schema = _schema_of(self.snapshot)
         self.element_spec = element_spec(
-            self.snapshot.schema, batch_size=batch_size, drop_last=drop_last, ragged=ragged
+            schema, batch_size=batch_size, drop_last=drop_last, ragged=ragged
         )
         batched = batch_size is not None
         # Per sample, batches of _SAMPLE_CHUNK are read and unbatched by tf.data.
@@ -331,7 +357,6 @@ class TFReader:
         shuffle = True if read.shuffle is None else read.shuffle
         self._options = read.replace(shuffle=shuffle, ragged="pad" if ragged == "pad" else "list")
         self._place = (rank or 0, world_size or 1)
-        schema = self.snapshot.schema
         self._varying = (
             []
             if ragged == "pad"
@@ -348,7 +373,7 @@ class TFReader:
 
     def _reader(
         self, epoch: int, state: dict[str, int] | None, batch_size: int | None = None
-    ) -> BatchReader:
+    ) -> ConsumerReader:
         size = self._read_size if batch_size is None else batch_size
         rank, world_size = self._place
         reader = self.snapshot.batches(
@@ -360,14 +385,14 @@ class TFReader:
 
     def _batches(self, epoch: int, state: dict[str, int] | None) -> Iterator[dict[str, Any]]:
         """The reader's batches, with the varying-shape fields encoded for the generator."""
-        with self._reader(epoch, state) as reader:
-            yield from map(self._encode, reader)
-            after = reader.get_state()
-            left = reader.plan.num_samples - after["position"]
-        if self.batch_size is None and left > 0 and self._options.drop_last:
-            # The reader dropped its short read batch; per sample, those samples belong in.
-            with self._reader(epoch, after, batch_size=left) as tail:
-                yield from map(self._encode, tail)
+        reader = self._reader(epoch, state)
+        if self.batch_size is not None:
+            with reader:
+                yield from map(self._encode, reader)
+            return
+        # Per sample, the short read batch that drop_last leaves out belongs in.
+        resized = functools.partial(self._reader, epoch, None)
+        yield from map(self._encode, every_batch(reader, resized))
 
     def _encode(self, batch: dict[str, Any]) -> dict[str, Any]:
         for field in self._varying:
@@ -410,7 +435,7 @@ class TFReader:
 
     def _count(self, epoch: int, position: int) -> int:
         """Elements a dataset yields from ``position`` of epoch ``epoch``."""
-        left = self._reader(epoch, None).plan.num_samples - position
+        left = consumer_samples(self._reader(epoch, None)) - position
         if self.batch_size is None:
             return left
         if self._options.drop_last:
@@ -425,8 +450,9 @@ class TFReader:
         epoch : int, optional
             The epoch (it seeds the shuffle). Default: the state's epoch, else 0.
         state : dict, optional
-            A reader state from :meth:`state_after` or :meth:`snapstore.BatchReader.get_state`
-            for this snapshot, order and consumer.
+            A reader state from :meth:`state_after` or the reader's ``get_state()``
+            (:meth:`snapstore.BatchReader.get_state`, or a mixture reader's) for this snapshot
+            or mixture, order and consumer.
 
         Returns
         -------
@@ -438,7 +464,7 @@ class TFReader:
         Raises
         ------
         ResumeError
-            If ``state`` belongs to another snapshot, epoch, order or consumer.
+            If ``state`` belongs to another snapshot or mixture, epoch, order or consumer.
         """
         epoch, position = self._start(epoch, state)
         start = None if state is None else dict(state)
@@ -473,8 +499,9 @@ class TFReader:
         Returns
         -------
         dict of str to int
-            A :meth:`snapstore.BatchReader.get_state` dict; ``dataset(state=...)`` yields the
-            elements after those ``steps``. Plain integers, for JSON or a checkpoint.
+            The reader's ``get_state()`` dict (:meth:`snapstore.BatchReader.get_state`, or a
+            mixture reader's); ``dataset(state=...)`` yields the elements after those
+            ``steps``. Plain integers, for JSON or a checkpoint.
 
         Raises
         ------
@@ -489,24 +516,24 @@ class TFReader:
         reader = self._reader(epoch, None)
         size = self.batch_size or 1
         moved = reader.get_state()
-        moved["position"] = min(position + steps * size, reader.plan.num_samples)
+        moved["position"] = min(position + steps * size, consumer_samples(reader))
         return moved
 
 
 def to_dataset(
-    snapshot: Snapshot,
+    snapshot: Snapshot | Mixture,
     *,
     batch_size: int | None = None,
     epoch: int | None = None,
     state: dict[str, int] | None = None,
     **options: Any,
 ) -> Any:
-    """A ``tf.data.Dataset`` of a snapshot: ``TFReader(snapshot, ...).dataset(epoch, state)``.
+    """A ``tf.data.Dataset`` of a snapshot or mixture: ``TFReader(snapshot, ...).dataset(...)``.
 
     Parameters
     ----------
-    snapshot : Snapshot
-        The snapshot to read.
+    snapshot : Snapshot or Mixture
+        The snapshot to read, or a :func:`snapstore.mix` mixture.
     batch_size : int, optional
         Samples per batch; None (the default) yields single samples.
     epoch : int, optional
@@ -528,6 +555,8 @@ def to_dataset(
     >>> ds = to_dataset(snap, batch_size=256, epoch=0)                # doctest: +SKIP
     >>> ds = ds.map(lambda b: (b["image"], b["label"])).prefetch(tf.data.AUTOTUNE)  # doctest: +SKIP
     >>> model.fit(ds, epochs=1)                                       # doctest: +SKIP
+    >>> both = snapstore.mix({"web": web, "code": code}, [0.7, 0.3])  # doctest: +SKIP
+    >>> ds = to_dataset(both, batch_size=256, seed=0, epoch=0)        # doctest: +SKIP
     """
     reader = TFReader(snapshot, batch_size=batch_size, **options)
     return reader.dataset(epoch=epoch, state=state)

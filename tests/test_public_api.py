@@ -257,6 +257,7 @@ MODULE_ALL = {
         "ReadStats",
     ],
     "read.batches": ["BatchReader"],
+    "read.consumer": ["ConsumerReader", "consumer_samples", "every_batch"],
     "read.mixture": ["MixSchedule", "apportion", "units_before"],
     "read.mixed": ["MixedBatchReader", "SourceSlice", "source_chunks"],
     "mix": ["Mixture", "mix"],
@@ -354,7 +355,7 @@ MODULE_ALL = {
     ],
     "handle": ["SnapshotHandle", "portable", "reopen"],
     "torch": ["RaggedList", "SnapshotDataset", "SnapshotIterableDataset", "to_tensors"],
-    "grain": ["SnapshotSource"],
+    "grain": ["SnapshotSource", "mixture_dataset"],
     "tensorflow": ["TFReader", "element_spec", "to_dataset"],
     "ray": [
         "PartitionWritten",
