@@ -34,6 +34,7 @@ import atexit
 import contextlib
 import json
 import multiprocessing
+import multiprocessing.util
 import os
 import socket
 import sys
@@ -54,6 +55,7 @@ __all__ = [
     "merge",
     "now",
     "parts_dir",
+    "profiler_range",
     "read_events",
     "span",
     "trace",
@@ -82,6 +84,7 @@ class _Recorder:
         self.dropped = 0
         self.threads: set[int] = set()
         self.label: str | None = None
+        self.sort_index: int | None = None
         self.lock = threading.Lock()
         self.flushed = _now()
         self.run = _run_id()
@@ -106,6 +109,18 @@ class _Recorder:
             events, self.events = self.events, []
             if self.label is not None:
                 events.insert(0, _meta("process_name", self.pid, 0, self.label))
+            if self.sort_index is not None:
+                args = {"sort_index": self.sort_index}
+                events.insert(
+                    0,
+                    {
+                        "ph": "M",
+                        "name": "process_sort_index",
+                        "pid": self.pid,
+                        "tid": 0,
+                        "args": args,
+                    },
+                )
             if self.dropped:
                 args = {"dropped": self.dropped, "max": MAX_EVENTS}
                 events.append(_instant("events dropped", "trace", args))
@@ -193,7 +208,14 @@ def span(name: str, cat: str, **args: Any) -> contextlib.AbstractContextManager[
     """A context manager that records what it encloses as one span (and a ``torch.profiler``
     range while PyTorch's profiler records); a shared no-op when neither records.
 
-    ``args`` are shown with the span (bytes, block numbers...); keep them small.
+    ``args`` are shown with the span (bytes, block numbers...); keep them small. The block
+    enters None when nothing records, else an object whose ``args`` dict may be added to until
+    the block ends: args known only at the end (bytes read), or costly to make, go there::
+
+        with tracing.span("open", "read") as recorded:
+            data = store.read_bytes(path)
+            if recorded is not None:
+                recorded.args.update(path=path, bytes=len(data))
     """
     ranges = _torch_recording()
     if _recorder is None and ranges is None:
@@ -223,10 +245,20 @@ def complete(name: str, cat: str, start: float, end: float, **args: Any) -> None
 now = _now
 
 
-def label_process(label: str) -> None:
-    """Name this process's track group (``"rank 1 worker 3"``)."""
+def profiler_range(name: str, cat: str) -> contextlib.AbstractContextManager[Any]:
+    """The ``torch.profiler`` range alone of a span that :func:`complete` records (whose time
+    is measured anyway); a shared no-op unless PyTorch's profiler records."""
+    ranges = _torch_recording()
+    return _OFF if ranges is None else ranges.record_function(f"snapstore.{cat}.{name}")
+
+
+def label_process(label: str, sort_index: int | None = None) -> None:
+    """Name this process's track group (``"rank 1 worker 3"``); ``sort_index`` orders the
+    groups in a viewer (Perfetto, chrome://tracing), lowest first."""
     if _recorder is not None:
         _recorder.label = label
+        if sort_index is not None:
+            _recorder.sort_index = sort_index
 
 
 def flush() -> None:
