@@ -21,13 +21,14 @@ from typing import Any
 
 import numpy as np
 
+from .. import tracing
 from ..errors import ResumeError
 from ..format.handoff import Handoff
 from ..format.plan import EpochPlan, PlanOptions, derive_key
 from ..format.ragged import check_form
 from ..format.schema import Schema
 from .assemble import Allocate, BatchBuilder, chunk_rows, cut_rows, interleave
-from .batches import snapshot_id
+from .batches import snapshot_id, traced_pass
 from .mixture import MIX_DOMAIN, MixSchedule
 from .options import ReaderOptions
 from .prefetch import Prefetcher, ReadStats
@@ -141,6 +142,7 @@ class MixedBatchReader:
         self._streams: list[Iterator[tuple[np.ndarray[Any, Any], dict[int, Any]]]] = []
         self._handoff: Handoff[tuple[dict[str, Any], int]] | None = None
         self._stats = ReadStats()
+        self._began = 0.0  # when the current pass started (tracing.now())
 
     def _source_plan(self, i: int) -> PlanOptions:
         source, read = self.sources[i], self.settings
@@ -277,13 +279,20 @@ class MixedBatchReader:
         ahead = 2 if local else 4
         return max(ahead * 32 << 20, ahead * window)
 
+    def _decode_threads(self) -> int:
+        """All sources' decode threads together: ``decode_threads``, else a reader's default
+        (as many as one snapshot's reader would use), split among the sources by share."""
+        given = self.settings.decode_threads
+        return given if given is not None else max(s.reader.decode_threads for s in self.sources)
+
     def __iter__(self) -> Iterator[dict[str, Any]]:
         self.close()
+        self._began = tracing.now()
         start, self._start = self._start, 0
         self._position = start
         self._stats = ReadStats()
         segments = self._segments(start // self.unit)
-        budget, threads = self._budget(), self.settings.decode_threads or 4
+        budget, threads = self._budget(), self._decode_threads()
         self._prefetchers = []
         for i, ranges in enumerate(self._stream_ranges(segments)):
             source = self.sources[i]
@@ -311,9 +320,12 @@ class MixedBatchReader:
         have: int = sum(int(p[2] - p[1]) for p in pieces)
         reader, flat = self.sources[i].reader, self.schema
         for idx, decoded in self._streams[i]:
-            blocks, rows = reader.locate(idx)
-            unique, which = np.unique(blocks, return_inverse=True)
-            chunk = chunk_rows(flat, [decoded[int(b)] for b in unique], which, rows)
+            with tracing.span("assemble", "read") as recorded:
+                if recorded is not None:
+                    recorded.args.update(source=i, samples=len(idx))
+                blocks, rows = reader.locate(idx)
+                unique, which = np.unique(blocks, return_inverse=True)
+                chunk = chunk_rows(flat, [decoded[int(b)] for b in unique], which, rows)
             pieces.append([chunk, 0, len(idx)])
             have += len(idx)
             if have >= need:
@@ -343,25 +355,28 @@ class MixedBatchReader:
         pending: list[collections.deque[list[Any]]] = [collections.deque() for _ in self.sources]
         held = [0] * len(self.sources)
         builder = BatchBuilder(self.schema, self.settings.ragged, self.allocate)
-        for which in self._batch_sources(segments):
+        for number, which in enumerate(self._batch_sources(segments)):
             # Each source's rows are cut as one run; interleave() puts them in schedule order
             # by their indices, so the builder copies each row once, straight to its place.
-            parts = []
             counts = np.bincount(which, minlength=len(self.sources))
             for i in np.flatnonzero(counts).tolist():
-                count = int(counts[i])
-                if held[i] < count:
-                    held[i] = self._rows(i, pending[i], count)
-                parts.extend(cut_rows(pending[i], count))
-                held[i] -= count
-            if np.count_nonzero(counts) > 1:
-                grouped = np.argsort(which, kind="stable")  # the position of each grouped row
-                order = np.argsort(grouped)  # the grouped row of each position
-                batch = builder.build([(interleave(parts, order), 0, len(which))])
-            else:
-                batch = builder.build(parts)
-            if self.source_field is not None:
-                batch[self.source_field] = which.copy()
+                if held[i] < counts[i]:  # pulling a source's chunks waits for its blocks
+                    held[i] = self._rows(i, pending[i], int(counts[i]))
+            with tracing.span("assemble", "read") as recorded:
+                if recorded is not None:
+                    recorded.args.update(batch=number, samples=len(which))
+                parts = []
+                for i in np.flatnonzero(counts).tolist():
+                    parts.extend(cut_rows(pending[i], int(counts[i])))
+                    held[i] -= int(counts[i])
+                if np.count_nonzero(counts) > 1:
+                    grouped = np.argsort(which, kind="stable")  # each grouped row's position
+                    order = np.argsort(grouped)  # the grouped row of each position
+                    batch = builder.build([(interleave(parts, order), 0, len(which))])
+                else:
+                    batch = builder.build(parts)
+                if self.source_field is not None:
+                    batch[self.source_field] = which.copy()
             yield batch, len(which)
 
     def _batches(self, handoff: Handoff[tuple[dict[str, Any], int]]) -> Iterator[dict[str, Any]]:
@@ -397,6 +412,8 @@ class MixedBatchReader:
         for prefetcher in self._prefetchers:
             prefetcher.close()
         self._stats = self.stats()
+        if self._prefetchers:
+            traced_pass(self._began, self.get_state(), self._stats)
         self._prefetchers = []
 
     def close(self) -> None:
