@@ -260,7 +260,8 @@ def mix(
     Returns
     -------
     Mixture
-        Read with ``mixture.batches(...)`` or ``snapstore.torch.SnapshotIterableDataset``;
+        Read with ``mixture.batches(...)``, ``snapstore.torch.SnapshotIterableDataset``,
+        ``snapstore.tensorflow.to_dataset`` or ``snapstore.grain.mixture_dataset``;
         ``len(mixture)`` is the samples per epoch.
 
     Raises
