@@ -35,6 +35,7 @@ except ImportError as exc:  # pragma: no cover - depends on the environment
         f"snapstore.torch needs PyTorch ({exc}); pip install 'snapstore[torch]'"
     ) from exc
 
+from . import tracing
 from .errors import ResumeError
 from .handle import SnapshotHandle
 from .mix import Mixture
@@ -466,6 +467,9 @@ class SnapshotIterableDataset(IterableDataset[dict[str, Any]]):
             if rank != 0:  # Accelerate sends these ranks their slices from process 0
                 return iter(())
             rank, world_size = 0, 1
+        if tracing.enabled():  # each consumer its own track group, in consumer order
+            label = f"rank {rank}" if info is None else f"rank {rank} worker {worker}"
+            tracing.label_process(label, sort_index=rank * num_workers + worker)
         reader = self._make_reader(epoch, rank, world_size, worker, num_workers)
         skip = 0 if pending is None else pending.pop("sample", 0)
         if pending is not None and "position" in pending:

@@ -4,7 +4,11 @@ Recording is off unless ``$SNAPSTORE_TRACE`` names a file or a ``with snapstore.
 block runs. Off, :func:`span` returns one shared no-op context manager: a global read and a
 call, nothing recorded (``benchmarks/bench_trace.py`` measures it). While ``torch.profiler`` is
 recording, every span is also a ``record_function`` range in PyTorch's own trace, whether or
-not snapstore's recording is on.
+not snapstore's recording is on: by default PyTorch records only the thread that started the
+profiler (the consumer's ``open`` and ``wait``); the reader's threads (``request``, ``decode``,
+``assemble``) show as well under ``torch.profiler.profile(experimental_config=
+torch._C._profiler._ExperimentalConfig(profile_all_threads=True))`` (PyTorch 2.7 on).
+DataLoader worker processes are not in PyTorch's trace at all; they are in snapstore's.
 
 Each process keeps its events in memory and appends them to its own part file,
 ``<path>.parts/<host>-<pid>.jsonl``: at the end of every reader pass (:func:`flush`), when a
@@ -13,7 +17,9 @@ forked one inherits the recording, a spawned one the environment variable). :fun
 joins the parts into ``path``, one JSON object ``{"traceEvents": [...]}``; the process that
 ends a ``trace`` block merges, and so does a main process (not a multiprocessing child) that
 records at its exit, so with several ranks the last one to exit leaves the whole trace.
-Every process is one track group (its label says rank and worker), every thread a track.
+Every process is one track group (its label says rank and worker), every thread a track: its
+``tid`` is the operating system's thread id, as in PyTorch's traces (Python's thread idents
+are reused as soon as a thread ends, so a pool's new threads would take a finished one's name).
 
 Timestamps are microseconds of wall-clock time (``time.time_ns`` at the process's start plus a
 monotonic clock since), so the tracks of processes on one host line up, and those of other
@@ -21,9 +27,14 @@ hosts as well as their clocks agree.
 
 Span names, by category (what :mod:`snapstore.verdict` adds up):
 
-- ``read``: ``open`` (metadata requests), ``request`` (one range request: ``bytes``),
-  ``decode`` (one block), ``assemble`` (one batch), ``wait`` (the consumer waiting for a batch:
-  its input-bound time), ``pass`` (a reader's pass over its share of an epoch).
+- ``read``: ``open`` (one metadata request: ``path``, ``bytes``), ``request`` (one range
+  request to a remote store: ``bytes``, ``blocks``; a local store's reads are memory-map
+  slices, paid in ``decode``), ``decode`` (the blocks of one request verified and decoded on a
+  decode thread: the first ``block``, ``blocks``, stored ``bytes``), ``assemble`` (on the
+  assembler thread: a chunk's rows located, ``chunk`` or mixture ``source`` and ``samples``;
+  one batch copied, ``batch`` and ``samples``), ``wait`` (the consumer waiting for batch
+  ``batch``: its input-bound time), ``pass`` (a reader's pass over its share of an epoch:
+  ``epoch``, ``rank``, ``world_size``, ``worker``, ``num_workers``, ``samples``, ``batches``).
 - ``write``: ``stage`` (the stage's own code producing samples), ``validate``, ``encode``,
   ``compress``, ``upload``, ``commit``, ``claim`` (waiting for another job's claim).
 """
@@ -168,7 +179,7 @@ def _instant(name: str, cat: str, args: dict[str, Any]) -> dict[str, Any]:
         "cat": cat,
         "ts": _now(),
         "pid": os.getpid(),
-        "tid": threading.get_ident(),
+        "tid": threading.get_native_id(),
         "args": args,
     }
 
@@ -235,7 +246,7 @@ def complete(name: str, cat: str, start: float, end: float, **args: Any) -> None
         "ts": start,
         "dur": max(0.0, end - start),
         "pid": recorder.pid,
-        "tid": threading.get_ident(),
+        "tid": threading.get_native_id(),
     }
     if args:
         event["args"] = args

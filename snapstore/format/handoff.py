@@ -5,6 +5,10 @@ made: the producer thread runs ``items`` and waits whenever ``depth`` items are 
 taken, so memory stays bounded by ``depth`` items plus the one being made. An exception raised
 by ``items`` reaches the consumer, unchanged, after the items made before it; :meth:`close`
 stops the thread (``wake`` unblocks it if it waits inside ``items``).
+
+The consumer's waits for an item are traced as ``wait`` spans (:mod:`snapstore.tracing`,
+category ``read``: the readers hand their batches over through a handoff), with the number of
+the ``batch`` waited for; taking an item that is ready costs no clock read.
 """
 
 from __future__ import annotations
@@ -13,6 +17,8 @@ import collections
 import threading
 from collections.abc import Callable, Iterator
 from typing import Generic, TypeVar
+
+from .. import tracing
 
 __all__ = ["Handoff"]
 
@@ -48,6 +54,7 @@ class Handoff(Generic[T]):
         self._error: BaseException | None = None
         self._done = False
         self._stopped = False
+        self._taken = 0  # items taken by the consumer
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
         self._thread.start()
 
@@ -80,16 +87,25 @@ class Handoff(Generic[T]):
 
     def __next__(self) -> T:
         with self._cond:
-            while not self._queue and not self._done:
-                self._cond.wait()
+            if not self._queue and not self._done:
+                self._wait()
             if self._queue:
                 item = self._queue.popleft()
+                self._taken += 1
                 self._cond.notify_all()
                 return item
             if self._error is not None and not self._stopped:
                 error, self._error = self._error, None
                 raise error
             raise StopIteration
+
+    def _wait(self) -> None:
+        """Wait for an item or the end (lock held): the consumer's ``wait`` span."""
+        with tracing.span("wait", "read") as recorded:
+            if recorded is not None:
+                recorded.args["batch"] = self._taken
+            while not self._queue and not self._done:
+                self._cond.wait()
 
     @property
     def running(self) -> bool:

@@ -19,6 +19,7 @@ from typing import Any, Unpack
 
 import numpy as np
 
+from .. import tracing
 from ..errors import ResumeError
 from ..format.handoff import Handoff
 from ..format.plan import EpochPlan, PlanOptions
@@ -150,6 +151,7 @@ class BatchReader:
         self._handoff: Handoff[tuple[dict[str, Any], int]] | None = None
         self.allocate = allocate
         self._stats = ReadStats()
+        self._began = 0.0  # when the current pass started (tracing.now())
 
     @property
     def ragged(self) -> str:
@@ -316,9 +318,11 @@ class BatchReader:
         self._stats = prefetcher.snapshot_stats()
         self._stats.samples, self._stats.batches = samples, batches
         log.debug("epoch %d pass: %s", self.plan.epoch, self._stats)
+        traced_pass(self._began, self.get_state(), self._stats)
 
     def __iter__(self) -> Iterator[dict[str, Any]]:
         self.close()
+        self._began = tracing.now()
         start = self._start
         self._start = 0
         self._position = start
@@ -347,19 +351,24 @@ class BatchReader:
         buffered = 0
         schema = self.reader.schema
         builder = BatchBuilder(schema, self.ragged, self.allocate)
-        for idx, decoded in prefetcher:
-            blocks, rows = self.reader.locate(idx)
-            unique, which = np.unique(blocks, return_inverse=True)
-            chunk = chunk_rows(schema, [decoded[int(b)] for b in unique], which, rows)
+        made = 0
+        for number, (idx, decoded) in enumerate(prefetcher):
+            with tracing.span("assemble", "read") as recorded:
+                if recorded is not None:
+                    recorded.args.update(chunk=number, samples=len(idx))
+                blocks, rows = self.reader.locate(idx)
+                unique, which = np.unique(blocks, return_inverse=True)
+                chunk = chunk_rows(schema, [decoded[int(b)] for b in unique], which, rows)
             del decoded  # the chunk's rows keep what they still need, no more
             pieces.append([chunk, 0, len(idx)])
             del chunk
             buffered += len(idx)
             while buffered >= self.batch_size:
                 buffered -= self.batch_size
-                yield builder.build(cut_rows(pieces, self.batch_size)), self.batch_size
+                yield build_batch(builder, pieces, self.batch_size, made)
+                made += 1
         if buffered and not self.options.drop_last:
-            yield builder.build(cut_rows(pieces, buffered)), buffered
+            yield build_batch(builder, pieces, buffered, made)
 
     def _batches(self, handoff: Handoff[tuple[dict[str, Any], int]]) -> Iterator[dict[str, Any]]:
         try:
@@ -375,6 +384,30 @@ class BatchReader:
                 self._end_pass()
             else:
                 handoff.close()
+
+
+def build_batch(
+    builder: BatchBuilder, pieces: collections.deque[list[Any]], size: int, number: int
+) -> tuple[dict[str, Any], int]:
+    """Batch ``number`` of a pass from the next ``size`` rows of ``pieces``, and its size: an
+    ``assemble`` span (``batch``, ``samples``)."""
+    with tracing.span("assemble", "read") as recorded:
+        if recorded is not None:
+            recorded.args.update(batch=number, samples=size)
+        return builder.build(cut_rows(pieces, size)), size
+
+
+def traced_pass(began: float, place: dict[str, int], stats: ReadStats) -> None:
+    """A reader's pass that began at ``began`` (:func:`snapstore.tracing.now`) and ends now,
+    as a ``pass`` span (``epoch``, ``rank``, ``worker`` and their counts, ``samples``,
+    ``batches``); then this process's events so far go to its part file, so that a DataLoader
+    worker's are on disk when its epoch ends."""
+    if not tracing.enabled():
+        return
+    args = {k: place[k] for k in ("epoch", "rank", "world_size", "worker", "num_workers")}
+    args |= {"samples": stats.samples, "batches": stats.batches}
+    tracing.complete("pass", "read", began, tracing.now(), **args)
+    tracing.flush()
 
 
 def _order_and_settings(

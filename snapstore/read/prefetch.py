@@ -45,6 +45,7 @@ from typing import Any
 
 import numpy as np
 
+from .. import tracing
 from ..errors import FormatError, StoreError
 from ..format.layout import BLOCK_ALIGNMENT
 from ..oldpaths import historic_name
@@ -483,14 +484,27 @@ class Prefetcher:
         self._decode_all(request, data)
 
     def _run_remote(self, request: _Request) -> None:
-        began = time.perf_counter()
+        began = tracing.now()  # the latency's clock is the trace's: one read of it each end
         try:
-            data = self._read(request)
+            with tracing.profiler_range("request", "read"):
+                data = self._read(request)
         except BaseException as exc:  # handed to the consumer
-            self._finish(request, time.perf_counter() - began, 0, exc)
+            self._finish(request, self._request_seconds(request, began, 0), 0, exc)
             return
-        self._finish(request, time.perf_counter() - began, request.length, None)
+        seconds = self._request_seconds(request, began, request.length)
+        self._finish(request, seconds, request.length, None)
         self._queue_decode(request, data)
+
+    @staticmethod
+    def _request_seconds(request: _Request, began: float, nbytes: int) -> float:
+        """Seconds since ``began`` (:func:`snapstore.tracing.now`); a ``request`` span when
+        tracing (``bytes`` read, ``blocks`` covered)."""
+        ended = tracing.now()
+        if tracing.enabled():
+            tracing.complete(
+                "request", "read", began, ended, bytes=nbytes, blocks=len(request.blocks)
+            )
+        return (ended - began) / 1e6
 
     def _read(self, request: _Request) -> Any:
         """The request's bytes; transient errors and short reads are retried a bounded number
@@ -562,17 +576,25 @@ class Prefetcher:
                 self._latencies[slot] = seconds
 
     def _decode_all(self, request: _Request, data: Any) -> None:
+        """Verify and decode the request's blocks: one ``decode`` span (its first ``block``,
+        ``blocks``, their stored ``bytes``)."""
         view = memoryview(data) if not isinstance(data, memoryview) else data
-        for b, offset, length in request.blocks:
-            result: Any
-            try:
-                result = self._decode(b, view[offset : offset + length])
-            except BaseException as exc:  # handed to the consumer
-                result = exc
-            with self._cond:
-                self._ready[b] = result
-                self.stats.blocks += 1
-                self._cond.notify_all()
+        with tracing.span("decode", "read") as recorded:
+            if recorded is not None:
+                size = sum(n for _, _, n in request.blocks)
+                recorded.args.update(
+                    block=request.blocks[0][0], blocks=len(request.blocks), bytes=size
+                )
+            for b, offset, length in request.blocks:
+                result: Any
+                try:
+                    result = self._decode(b, view[offset : offset + length])
+                except BaseException as exc:  # handed to the consumer
+                    result = exc
+                with self._cond:
+                    self._ready[b] = result
+                    self.stats.blocks += 1
+                    self._cond.notify_all()
 
     # -- consumer ---------------------------------------------------------------------------
 

@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from .. import tracing
 from ..errors import FormatError, SnapshotNotFoundError, SnapshotRemovedError, SnapstoreError
 from ..format import layout as fmt
 from ..format.checksums import file_checksum, snapshot_checksum
@@ -85,7 +86,7 @@ def read_record(store: Store, fingerprint: str) -> bytes:
         If no commit record exists for ``fingerprint``.
     """
     try:
-        return store.read_bytes(f"{fingerprint}/{fmt.COMMIT_NAME}")
+        return _read_traced(store, f"{fingerprint}/{fmt.COMMIT_NAME}")
     except FileNotFoundError as exc:
         raise SnapshotNotFoundError(
             f"no committed snapshot {fingerprint} under {store.url}; run the stage (or "
@@ -139,6 +140,16 @@ def read_metadata(
     return SnapshotMetadata(record, manifest, data if named == fmt.INDEX_NAME else None)
 
 
+def _read_traced(store: Store, path: str) -> bytes:
+    """``store.read_bytes(path)``, traced as an ``open`` span (:mod:`snapstore.tracing`) with
+    the path and the bytes read: the requests of opening a snapshot."""
+    with tracing.span("open", "read") as recorded:
+        data = store.read_bytes(path)
+        if recorded is not None:
+            recorded.args.update(path=path, bytes=len(data))
+    return data
+
+
 def removed_message(store: Store, fingerprint: str, why: str) -> str:
     """The message of a :class:`SnapshotRemovedError`: ``why`` says what happened."""
     return (
@@ -153,7 +164,7 @@ def _read_manifest(
 ) -> dict[str, Any]:
     path = f"{run_dir}/{fmt.MANIFEST_NAME}"
     try:
-        data = store.read_bytes(path)
+        data = _read_traced(store, path)
     except FileNotFoundError as exc:
         raise FormatError(f"{where} names run {record.run}, whose manifest is missing") from exc
     if len(data) != record.manifest_size or record.checksum(data) != record.manifest_checksum:
@@ -170,7 +181,7 @@ def _read_manifest(
 def _read_if_readable(store: Store, path: str) -> bytes | None:
     """A speculative read: None if it fails (the reader reads the file again, and says why)."""
     try:
-        return store.read_bytes(path)
+        return _read_traced(store, path)
     except (OSError, SnapstoreError):
         log.debug("snapstore: could not read %s ahead", store.join(path), exc_info=True)
         return None
@@ -295,7 +306,7 @@ class SnapshotReader:
         meta = self.manifest["index"]
         data, self._index_data = self._index_data, None
         if data is None or name != fmt.INDEX_NAME:
-            data = self.store.read_bytes(f"{self.run_dir}/{name}")
+            data = _read_traced(self.store, f"{self.run_dir}/{name}")
         if len(data) != meta.get("size") or self.checksum(data) != file_checksum(meta):
             raise FormatError(
                 f"block index {where} does not match its manifest entry; it is corrupt"
