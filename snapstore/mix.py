@@ -89,7 +89,8 @@ class Mixture:
 
         Parameters are those of :meth:`snapstore.Snapshot.batches`. ``window_bytes`` and
         ``prefetch_bytes`` are the mixture's, split among the sources by their share of the bytes
-        read (a source's read-ahead is at least 8 MiB); ``decode_threads`` likewise.
+        read (a source's read-ahead is at least 8 MiB); the sources share one pool of
+        ``decode_threads``.
 
         Returns
         -------

@@ -17,6 +17,7 @@ import functools
 import hashlib
 import operator
 from collections.abc import Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import numpy as np
@@ -139,6 +140,7 @@ class MixedBatchReader:
         self.schedule = MixSchedule(self.units, seed=settings.seed, epoch=self._epoch)
         self._start = self._position = 0
         self._prefetchers: list[Prefetcher] = []
+        self._decoders: ThreadPoolExecutor | None = None
         self._streams: list[Iterator[tuple[np.ndarray[Any, Any], dict[int, Any]]]] = []
         self._handoff: Handoff[tuple[dict[str, Any], int]] | None = None
         self._stats = ReadStats()
@@ -280,8 +282,8 @@ class MixedBatchReader:
         return max(ahead * 32 << 20, ahead * window)
 
     def _decode_threads(self) -> int:
-        """All sources' decode threads together: ``decode_threads``, else a reader's default
-        (as many as one snapshot's reader would use), split among the sources by share."""
+        """The sources' one decode pool: ``decode_threads``, else a reader's default (as many as
+        one snapshot's reader would use)."""
         given = self.settings.decode_threads
         return given if given is not None else max(s.reader.decode_threads for s in self.sources)
 
@@ -293,6 +295,9 @@ class MixedBatchReader:
         self._stats = ReadStats()
         segments = self._segments(start // self.unit)
         budget, threads = self._budget(), self._decode_threads()
+        # One decode pool for all sources: its threads go to whichever source has blocks ready
+        # (as many threads, and as much memory in flight, as one snapshot's reader).
+        self._decoders = ThreadPoolExecutor(threads, "snapstore-decode")
         self._prefetchers = []
         for i, ranges in enumerate(self._stream_ranges(segments)):
             source = self.sources[i]
@@ -302,7 +307,8 @@ class MixedBatchReader:
                     first_part=self.batch_size,
                     budget_bytes=max(_MIN_SOURCE_PREFETCH, int(budget * source.share)),
                     max_requests=self.settings.max_requests,
-                    decode_threads=max(1, round(threads * source.share)),
+                    decode_threads=threads,
+                    decoders=self._decoders,
                 )
             )
         prefetchers = self._prefetchers
@@ -411,6 +417,9 @@ class MixedBatchReader:
             handoff.close()
         for prefetcher in self._prefetchers:
             prefetcher.close()
+        if self._decoders is not None:
+            self._decoders.shutdown(wait=True)
+            self._decoders = None
         self._stats = self.stats()
         if self._prefetchers:
             traced_pass(self._began, self.get_state(), self._stats)

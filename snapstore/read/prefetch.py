@@ -29,7 +29,6 @@ consumer, unchanged, when it reaches the block (or the chunk) that failed.
 
 from __future__ import annotations
 
-import contextlib
 import errno
 import heapq
 import itertools
@@ -39,7 +38,7 @@ import random
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Executor, ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -291,6 +290,10 @@ class Prefetcher:
     on_requests : callable, optional
         Called once, on the scheduler thread, when the first chunk's requests are all out (a
         reader's pin starts then: nothing optional goes before the first requests).
+    decoders : Executor, optional
+        A decode pool shared with other prefetchers (a mixture's sources share one, so the
+        threads go to whichever source has blocks to decode); the caller shuts it down.
+        Default: a pool of ``limits.decode_threads`` of its own.
     """
 
     def __init__(
@@ -306,6 +309,7 @@ class Prefetcher:
         local: bool = False,
         first_part: int = 0,
         on_requests: Callable[[], None] | None = None,
+        decoders: Executor | None = None,
     ) -> None:
         self._chunks = iter(chunks)
         self._locate = locate
@@ -344,7 +348,11 @@ class Prefetcher:
         self._started = time.perf_counter()
         self._busy = 0.0  # request-seconds
 
-        self._decoders = ThreadPoolExecutor(limits.decode_threads, "snapstore-decode")
+        # A pool of its own, or one shared with other prefetchers (a mixture's sources), which
+        # it then waits to be done with (``_decoding``) instead of shutting down.
+        self._own_decoders = decoders is None
+        self._decoders = decoders or ThreadPoolExecutor(limits.decode_threads, "snapstore-decode")
+        self._decoding = 0  # decode tasks submitted and not finished
         # (chunk, sequence, request, data or None): what the decode threads take next.
         self._decodes: list[tuple[int, int, _Request, Any]] = []
         self._decode_seq = itertools.count()
@@ -459,17 +467,33 @@ class Prefetcher:
         chunk first: requests complete in any order, and at a cold start the windows fetched
         ahead must not hold up the first one's decoding."""
         with self._cond:
+            if self._stopped:
+                return
             heapq.heappush(self._decodes, (request.chunk, next(self._decode_seq), request, data))
-        with contextlib.suppress(RuntimeError):  # the pool shut down: the prefetcher is closed
+            self._decoding += 1
+        try:
             self._decoders.submit(self._decode_next)
+        except RuntimeError:  # the pool shut down: the prefetcher is closed
+            self._decoded()
 
     def _decode_next(self) -> None:
+        try:
+            with self._cond:
+                if self._stopped:
+                    return
+                _, _, request, data = heapq.heappop(self._decodes)
+            if data is None:
+                self._run_local(request)
+            else:
+                self._decode_all(request, data)
+        finally:
+            self._decoded()
+
+    def _decoded(self) -> None:
         with self._cond:
-            _, _, request, data = heapq.heappop(self._decodes)
-        if data is None:
-            self._run_local(request)
-        else:
-            self._decode_all(request, data)
+            self._decoding -= 1
+            if not self._decoding:
+                self._cond.notify_all()
 
     # -- pool threads -----------------------------------------------------------------------
 
@@ -715,7 +739,11 @@ class Prefetcher:
             self._scheduler.join()
         if self._io is not None:
             self._io.shutdown(wait=True, cancel_futures=True)
-        self._decoders.shutdown(wait=True, cancel_futures=True)
+        if self._own_decoders:
+            self._decoders.shutdown(wait=True, cancel_futures=True)
+            self._decoding = 0  # cancelled tasks never ran to count themselves out
         with self._cond:
+            while self._decoding:  # a shared pool's tasks of ours: they return at once now
+                self._cond.wait()
             self._ready.clear()
             self._tickets.clear()

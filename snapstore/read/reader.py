@@ -19,7 +19,7 @@ import logging
 import os
 import threading
 from collections.abc import Iterable, Iterator
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Executor, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -405,6 +405,7 @@ class SnapshotReader:
         fetch: Fetch | None = None,
         decode_threads: int | None = None,
         first_part: int = 0,
+        decoders: Executor | None = None,
     ) -> Prefetcher:
         """Start fetching and decoding the blocks of ``chunks`` ahead of use (see
         :class:`snapstore.read.prefetch.Prefetcher`); iterate the result for ``(indices, blocks)``.
@@ -430,6 +431,9 @@ class SnapshotReader:
             Yield the first chunk's first ``first_part`` samples as soon as their blocks are
             decoded, then the rest of the chunk (e.g. a batch: the first batch does not wait
             for its whole window); 0 yields it whole.
+        decoders : Executor, optional
+            A decode pool shared with other prefetchers, which the caller shuts down (see
+            :class:`~snapstore.read.prefetch.Prefetcher`).
 
         Raises
         ------
@@ -458,6 +462,7 @@ class SnapshotReader:
             local=local,
             first_part=first_part,
             on_requests=None if self.guard is None else self.guard.start,
+            decoders=decoders,
         )
 
     def _fetch(self, path: str, start: int, length: int) -> Any:
