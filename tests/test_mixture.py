@@ -206,3 +206,16 @@ def test_bad_arguments_and_foreign_state(snaps: list[snapstore.Snapshot]) -> Non
     other_ = snapstore.mix(snaps, [1, 2, 3]).batches(8, seed=1)
     with pytest.raises(ResumeError, match="another mixture"):
         reader.set_state(other_.get_state())
+
+
+def test_stats_add_up_the_sources_on_a_slow_store(snaps: list[snapstore.Snapshot]) -> None:
+    from snapstore.storage.simulate import simulated_store
+
+    store = simulated_store(snaps[0].store, ttfb=0.01)
+    slow = [snapstore.open(s.fingerprint, root=store) for s in snaps[:2]]
+    reader = snapstore.mix(slow, [0.5, 0.5]).batches(16, shuffle=True, seed=1)
+    assert sum(len(b["id"]) for b in reader) == SIZES[0] + SIZES[1]
+    stats = reader.stats()
+    assert stats.samples == SIZES[0] + SIZES[1] and stats.requests >= 2
+    assert stats.latency_mean >= 0.01 and stats.latency_p95 >= stats.latency_mean * 0.99
+    assert stats.wall > 0 and stats.bytes > 0 and stats.limit >= 2

@@ -15,6 +15,7 @@ import collections
 import dataclasses
 import functools
 import hashlib
+import math
 import operator
 from collections.abc import Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -402,13 +403,23 @@ class MixedBatchReader:
                 handoff.close()
 
     def stats(self) -> ReadStats:
-        """The current (or last) pass: samples and batches delivered, and the sources' blocks,
-        requests, bytes and retries summed."""
+        """The current (or last) pass: samples and batches delivered; the sources' blocks,
+        requests, bytes, retries, stalls, concurrency and limits summed; the mean latency over
+        all requests, the p95 the worst source's; startup and wall the longest source's."""
         stats = dataclasses.replace(self._stats)
-        for prefetcher in self._prefetchers:
-            part = prefetcher.snapshot_stats()
-            for name in ("blocks", "requests", "bytes", "retries"):
-                setattr(stats, name, getattr(stats, name) + getattr(part, name))
+        parts = [p.snapshot_stats() for p in self._prefetchers]
+        if not parts:
+            return stats
+        summed = ("blocks", "requests", "bytes", "retries", "stall", "concurrency")
+        for name in (*summed, "max_in_flight", "limit"):
+            setattr(stats, name, sum(getattr(p, name) for p in parts))
+        stats.startup = max(p.startup for p in parts)
+        stats.wall = max(p.wall for p in parts)
+        timed = [p for p in parts if p.requests and not math.isnan(p.latency_mean)]
+        if timed:
+            total = sum(p.requests for p in timed)
+            stats.latency_mean = sum(p.latency_mean * p.requests for p in timed) / total
+            stats.latency_p95 = max(p.latency_p95 for p in timed)
         return stats
 
     def _end_pass(self) -> None:
