@@ -51,6 +51,7 @@ from .write.jobs import StageJob, log_found, partition_calls, run_job
 from .write.progress import ProgressArg, Reporter
 from .write.stageoptions import NAMES as STAGE_SETTINGS
 from .write.stageoptions import StageOptions, StageSettings, stage_options
+from .write.times import WriteTimes
 from .write.writer import ProgressCallback
 
 __all__ = ["Snapshot", "Stage", "open", "resolve_fingerprint", "snapshot"]
@@ -115,6 +116,10 @@ class Snapshot:
         """Set when materializing found no snapshot (and computed it, or waited for the job that
         did): the most recent committed snapshot of the same stage (``"previous"``) and why this
         fingerprint differs from it (``"differences"``)."""
+        self.write_times: WriteTimes | None = None
+        """Where the time of the materialization this handle ran went (set when it found no
+        snapshot; None before, and when it found one committed): the stage's own code against
+        snapstore's work, as the INFO line at its end says (see :mod:`snapstore.write.times`)."""
 
     def __repr__(self) -> str:
         state = "committed" if self.committed else "not materialized"
@@ -666,8 +671,9 @@ class Stage:
     def write(self, snap: Snapshot, progress: ProgressArg | Reporter = None) -> None:
         """Materialize ``snap``: claim it and compute, or wait for the job that holds the claim
         (or pass through, or raise, per ``on_busy``); on any error nothing is visible.
-        ``progress`` as for :meth:`Snapshot.materialize`; its display is closed on every path."""
-        run_job(self.job(snap), progress)
+        ``progress`` as for :meth:`Snapshot.materialize`; its display is closed on every path.
+        Where the time went is kept as ``snap.write_times``."""
+        snap.write_times = run_job(self.job(snap), progress)
 
     def _compute(self, snap: Snapshot, progress: ProgressCallback | None) -> None:
         """Run the stage for ``snap``'s arguments and commit, without claiming it (a test's

@@ -151,13 +151,15 @@ def run_script(
 def test_a_display_on_a_terminal_and_none_in_a_pipe(tmp_path: Path) -> None:
     text, stdout = run_script(tmp_path, on_pty=True)
     shown = cases(text)
-    assert shown["default"] == [shown["default"][-1]]  # redrawn in place: one line remains
-    line = shown["default"][0]
+    # Redrawn in place: the bar's final line remains, then where the time went.
+    line, said = shown["default"]
+    assert said.startswith("snapstore: materialized 300 samples (") and "your stage" in said
     assert line.startswith("script.plain: 300 samples, ") and "B stored [00:0" in line
     assert line.endswith("B/s]") and " samples/s, " in line
     assert shown["off"] == []  # progress=False
     assert shown["callable"] == [] and stdout.strip() == "302"  # the callable, and no display
-    (bar,) = shown["partitioned"]
+    bar, said = shown["partitioned"]
+    assert said.startswith("snapstore: materialized 3 samples (") and "3 partitions" in said
     assert "100%" in bar and "3/3 partitions [" in bar and "3 samples, " in bar
     assert shown["interrupted"] == ["interrupted"]  # the display was cleared, not left half-drawn
 
@@ -218,9 +220,12 @@ def test_a_warning_logged_while_the_display_is_up_is_written_above_it(tmp_path: 
     assert bare[1].endswith(": UserWarning: sample 1500 is odd too")  # a warning, likewise
     assert bare[2].strip().startswith("warnings.warn(")  # its source line
     assert configured[0] == "WARNING careful: sample 1000 is odd"  # the handler's own format
-    assert len(bare) == 4 and len(configured) == 2  # then the bar, redrawn in place
+    # Then the bar, redrawn in place, and where the time went.
+    assert len(bare) == 5 and len(configured) == 3
     assert bare[3].startswith("script.logged: 2k samples, ") and bare[3].endswith("B/s]")
     assert configured[1].startswith("script.logged: 2k samples, ")
+    assert bare[4].startswith("snapstore: materialized 2,000 samples (")
+    assert configured[2].startswith("snapstore: materialized 2,001 samples (")
     assert stdout.split() == ["True", "True", "True"]  # the streams were put back
 
 
@@ -441,7 +446,9 @@ def test_a_partitioned_job_shows_partitions_and_the_partitions_it_waits_for(
     seen = out.getvalue().split("\r")
     waiting = [s for s in seen if "waiting for partition 2 held by job holder" in s]
     assert waiting and "2/3 partitions [" in waiting[0] and "2 samples, " in waiting[0]
-    assert "3/3 partitions [" in screen(out.getvalue())[-2]  # the final line, then a newline
+    final, said, end = screen(out.getvalue())[-3:]  # the final line, where the time went
+    assert "3/3 partitions [" in final and said.startswith("snapstore: materialized 3 samples")
+    assert end == ""
     assert f"waiting for job holder (pid {os.getpid()} on " in caplog.text
     assert "which is computing partition 2 (lease 10 s)" in caplog.text
     assert [s["x"] for s in snap] == [1, 4, 9]

@@ -280,6 +280,7 @@ MODULE_ALL = {
     "write.writer": ["Columns", "ProgressCallback", "SnapshotWriter", "WriteOptions"],
     "write.stageoptions": ["ON_BUSY", "OnBusy", "StageOptions", "StageSettings", "stage_options"],
     "write.upgrade": ["first_committed", "log_earlier", "rewrite"],
+    "write.times": ["WriteTimes", "conclusion", "report_times", "summary"],
     "write.jobs": [
         "StageJob",
         "Target",

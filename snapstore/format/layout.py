@@ -43,6 +43,7 @@ __all__ = [
     "EncodedBlock",
     "decode_block",
     "encode_block",
+    "pack_block",
     "read_index",
     "write_index",
 ]
@@ -123,7 +124,14 @@ def encode_block(batch: pa.RecordBatch, *, level: int, min_ratio: float) -> Enco
     raw block is a checksum and a view, decompressing costs far more than the bytes saved. Its
     checksum is this version's (:data:`snapstore.format.checksums.WRITTEN`).
     """
-    raw = memoryview(batch.serialize())
+    return pack_block(
+        memoryview(batch.serialize()), batch.num_rows, level=level, min_ratio=min_ratio
+    )
+
+
+def pack_block(raw: memoryview, rows: int, *, level: int, min_ratio: float) -> EncodedBlock:
+    """The second half of :func:`encode_block`: a serialized batch (``rows`` rows) compressed
+    if that pays, and checksummed (the writer times the two halves apart)."""
     raw_length = raw.nbytes
     data, codec = raw, CODEC_RAW
     if level > 0 and raw_length:
@@ -132,11 +140,11 @@ def encode_block(batch: pa.RecordBatch, *, level: int, min_ratio: float) -> Enco
             middle = raw_length // 2
             probe = raw[middle - _PROBE_BYTES // 2 : middle + _PROBE_BYTES // 2]
             if len(compressor.compress(probe)) * min_ratio > 1.1 * _PROBE_BYTES:
-                return EncodedBlock(raw, CODEC_RAW, raw_length, batch.num_rows, WRITTEN(raw))
+                return EncodedBlock(raw, CODEC_RAW, raw_length, rows, WRITTEN(raw))
         packed = compressor.compress(raw)
         if len(packed) * min_ratio <= raw_length:
             data, codec = memoryview(packed), CODEC_ZSTD
-    return EncodedBlock(data, codec, raw_length, batch.num_rows, WRITTEN(data))
+    return EncodedBlock(data, codec, raw_length, rows, WRITTEN(data))
 
 
 def decode_block(

@@ -31,6 +31,7 @@ import ast
 import concurrent.futures as cf
 import importlib
 import logging
+import multiprocessing
 import os
 import pickle
 import socket
@@ -44,12 +45,14 @@ from multiprocessing.context import SpawnContext, SpawnProcess
 from pathlib import Path
 from typing import Any, Protocol
 
+from .. import tracing
 from ..errors import StageError
 from ..format.schema import Schema
 from ..oldpaths import historic_name
 from ..storage.store import Store
 from ..storage.travel import portable, reopen
 from .partitions import PartitionLayout, write_partition
+from .times import WriteTimes
 from .writer import WriteOptions
 
 __all__ = [
@@ -153,11 +156,14 @@ class PartitionTask:
     options: WriteOptions | None = None
     # A shared partition's place (a layout of this one partition); None: <fingerprint>/parts/<p>.
     layout: PartitionLayout | None = None
+    # The job's process: a task run in another one labels that process in a trace.
+    job_pid: int = field(default_factory=os.getpid)
 
 
 @dataclass(frozen=True)
 class PartitionResult:
-    """What a task reports back: the partition, its size, whether its commit won, where it ran."""
+    """What a task reports back: the partition, its size, whether its commit won, where it ran,
+    and where its time went (added up by the job: see :mod:`snapstore.write.times`)."""
 
     partition: int
     samples: int
@@ -166,6 +172,7 @@ class PartitionResult:
     committed: bool
     host: str = field(default_factory=socket.gethostname)
     pid: int = field(default_factory=os.getpid)
+    times: WriteTimes | None = None
 
 
 def run_partition(task: PartitionTask) -> PartitionResult:
@@ -193,20 +200,37 @@ def run_partition(task: PartitionTask) -> PartitionResult:
             )
         return out
 
+    worker = os.getpid() != task.job_pid
+    if worker:
+        tracing.label_process(_worker_label())
     began = time.perf_counter()
     where, index = (task.layout, 0) if task.layout else (task.fingerprint, task.partition)
-    committed = write_partition(
-        store,
-        where,
-        index,
-        samples,
-        schema=task.schema,
-        options=task.options,
-        progress=progress,
-    )
-    return PartitionResult(
-        task.partition, written[0], written[1], time.perf_counter() - began, committed
-    )
+    times = WriteTimes(partitions=1)
+    try:
+        committed = write_partition(
+            store,
+            where,
+            index,
+            samples,
+            schema=task.schema,
+            options=task.options,
+            progress=progress,
+            times=times,
+        )
+    finally:
+        if worker:  # its part of the trace now: a pool's worker may live on, or be killed
+            tracing.flush()
+    seconds = time.perf_counter() - began
+    return PartitionResult(task.partition, written[0], written[1], seconds, committed, times=times)
+
+
+def _worker_label() -> str:
+    """What a trace calls this engine worker: its number in a process pool, else its pid;
+    the rank first under torchrun."""
+    identity = getattr(multiprocessing.current_process(), "_identity", ())
+    rank = os.environ.get("RANK")
+    number = identity[0] if identity else os.getpid()
+    return f"{f'rank {rank} ' if rank is not None else ''}engine worker {number}"
 
 
 class Executor(Protocol):

@@ -22,9 +22,11 @@ import shutil
 import tempfile
 import weakref
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from time import perf_counter
 from typing import Any, Protocol
 
+from .. import tracing
 from ..errors import BusyError, SnapshotNotFoundError, SnapstoreError, StageError
 from ..fingerprint.digest import hash_value
 from ..fingerprint.inputs import Inputs
@@ -44,6 +46,7 @@ from .partitions import (
 )
 from .progress import ProgressArg, Reporter, holder_text, open_reporter, tee
 from .stageoptions import StageOptions
+from .times import WriteTimes, report_times
 from .writer import ProgressCallback, SnapshotWriter
 
 __all__ = [
@@ -102,6 +105,8 @@ class StageJob:
     explain : callable
         ``explain(doing)``: why the snapshot was not found, logged with ``doing`` (what this
         job does about it); stored as the target's ``miss_explanation``.
+    times : WriteTimes, optional
+        Where the job's time goes (a new one by default).
     """
 
     target: Target
@@ -113,6 +118,8 @@ class StageJob:
     clock: claims.Clock
     manifest: Mapping[str, Any]
     explain: Callable[[str], dict[str, Any] | None]
+    times: WriteTimes = field(default_factory=WriteTimes)
+    """Where the job's time went: what it computed adds to it (see :func:`run_job`)."""
 
     def explain_miss(self, doing: str = "computing it") -> None:
         try:
@@ -121,26 +128,62 @@ class StageJob:
             log.debug("snapstore: no miss explanation for %s", self.name, exc_info=True)
 
 
-def run_job(job: StageJob, progress: ProgressArg | Reporter = None) -> None:
+def run_job(job: StageJob, progress: ProgressArg | Reporter = None) -> WriteTimes:
     """Materialize ``job.target``: claim it and compute, or wait for the job that holds the
     claim (or pass through, or raise, per ``on_busy``); on any error nothing is visible.
     ``progress`` as for :meth:`snapstore.Snapshot.materialize`; its display is closed on every
-    path."""
+    path. Returns where the time went; when this job ran the stage, it is also logged at INFO
+    (and printed by a display: see :mod:`snapstore.write.times`)."""
+    began = perf_counter()
     reporter = open_reporter(progress, job.name, job.clock)
+    times = job.times
     ok = False
     try:
         if job.settings.partition_by is not None:
             _write_partitioned(job, job.settings.partition_by, reporter)
         else:
             _write_claimed(job, reporter)
+        times.wall = perf_counter() - began
+        if times.computed:
+            report_times(times, job.name, reporter)
         ok = True
     finally:
         reporter.close(ok)
+    return times
 
 
 def _claim(job: StageJob, reporter: Reporter) -> tuple[claims.Claim | None, bool]:
     """The claim on the target's fingerprint, once no live job holds it (None when the target
-    was committed meanwhile or passed through), and whether this job waited and said so."""
+    was committed meanwhile or passed through), and whether this job waited and said so. The
+    wait goes to ``job.times.claim``, and is a ``claim`` span."""
+    waited = _Wait()
+    try:
+        return _claim_loop(job, reporter, waited)
+    finally:
+        job.times.claim += waited.end()
+
+
+class _Wait:
+    """A wait for other jobs, from :meth:`start` (the first call counts) to :meth:`end`."""
+
+    def __init__(self) -> None:
+        self.began: tuple[float, float] | None = None  # perf_counter, trace microseconds
+
+    def start(self) -> None:
+        if self.began is None:
+            self.began = (perf_counter(), tracing.now())
+
+    def end(self) -> float:
+        """Seconds waited (0 if never started); traced as a ``claim`` span."""
+        if self.began is None:
+            return 0.0
+        tracing.complete("claim", "write", self.began[1], tracing.now())
+        return perf_counter() - self.began[0]
+
+
+def _claim_loop(
+    job: StageJob, reporter: Reporter, waited: _Wait
+) -> tuple[claims.Claim | None, bool]:
     snap, lease = job.target, job.settings.lease
     watched: dict[str, Any] = {"lease": lease}
     announced = False
@@ -166,6 +209,7 @@ def _claim(job: StageJob, reporter: Reporter) -> tuple[claims.Claim | None, bool
             )  # fmt: skip
             announced = True
         reporter.waiting(f"waiting for {holder_text(state)}")
+        waited.start()
         job.clock.sleep(min(lease / 4, 2.0))
         if snap.committed:
             how = f"committed by {state.describe()}, which this job waited for"
@@ -312,7 +356,7 @@ def _compute_and_assemble(
 
     parts = PartitionJob(
         store, fp, job.name, tasks, settings.lease, job.clock, busy,
-        committed=lambda: snap.committed, progress=progress, layout=layout,
+        committed=lambda: snap.committed, progress=progress, layout=layout, times=job.times,
     )  # fmt: skip
     # Which partitions this job computes is decided one by one, as it claims them.
     job.explain_miss("computing the partitions no job holds")
@@ -322,7 +366,10 @@ def _compute_and_assemble(
     # waiting or computing, and the commit is create-if-absent anyway (a job that loses removes
     # its run). When every partition was there, the check was a round trip before assembling.
     n = len(tasks)
-    commit_partitions(store, fp, n, dict(job.manifest), schema=settings.schema, layout=layout)
+    began = perf_counter()
+    with tracing.span("commit", "write", partitions=n):
+        commit_partitions(store, fp, n, dict(job.manifest), schema=settings.schema, layout=layout)
+    job.times.commit += perf_counter() - began
     remove_partition_claims(store, layout, range(n))
 
 
@@ -368,7 +415,7 @@ def _pass_through(job: StageJob, progress: ProgressCallback | None) -> None:
 
 def compute(job: StageJob, progress: ProgressCallback | None) -> None:
     """Run the stage for the job's arguments and commit, without a claim; on any error nothing
-    is visible.
+    is visible. Where the time went is added to ``job.times``.
 
     Raises
     ------
@@ -386,15 +433,18 @@ def compute(job: StageJob, progress: ProgressCallback | None) -> None:
         options=job.settings.options,
         progress=progress,
     )
-    try:
-        samples = job.fn(*job.args, **job.kwargs)
-        if not isinstance(samples, Iterable):
+
+    def samples() -> Iterable[Mapping[str, Any]]:
+        out = job.fn(*job.args, **job.kwargs)
+        if not isinstance(out, Iterable):
             raise StageError(
-                f"stage {job.name} returned {type(samples).__name__}; expected an iterable of "
+                f"stage {job.name} returned {type(out).__name__}; expected an iterable of "
                 "sample dicts (write it as a generator that yields dicts)."
             )
-        for sample in samples:
-            writer.add(sample)
+        return out
+
+    try:
+        writer.add_all(samples)
     except BaseException as exc:
         writer.abort()
         exc.add_note(
@@ -403,6 +453,7 @@ def compute(job: StageJob, progress: ProgressCallback | None) -> None:
         )
         raise
     writer.commit()
+    job.times.add(writer.times)
 
 
 def log_found(

@@ -19,8 +19,10 @@ import logging
 from collections.abc import Callable
 from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass, field
+from time import perf_counter
 from typing import Any
 
+from .. import tracing
 from ..oldpaths import historic_name
 from ..storage import claims
 from ..storage.listing import map_concurrently
@@ -34,6 +36,7 @@ from .partitions import (
     partition_status,
 )
 from .progress import Reporter
+from .times import WriteTimes
 from .writer import ProgressCallback
 
 __all__ = ["PartitionJob", "compute_partitions"]
@@ -69,6 +72,7 @@ class PartitionJob:
     status: PartitionStatus = field(default_factory=PartitionStatus)  # the newest listing
     fresh: bool = False  # whether ``status`` was listed since the last launch
     layout: PartitionLayout | None = None  # where the partitions are (None: <fp>/parts/<p>)
+    times: WriteTimes = field(default_factory=WriteTimes)  # the partitions' times, added up
 
     @property
     def where(self) -> PartitionLayout:
@@ -131,6 +135,7 @@ def compute_partitions(job: PartitionJob, engine: Engine, stage: Callable[..., A
     if not pending:
         return True
     pending, engine = _prepare(pending, engine, stage)
+    job.times.workers = max(job.times.workers, engine.workers)
     log.info(
         "snapstore: %s: %d of %d partitions to compute on engine %r with %d workers",
         job.name, len(pending), len(job.tasks), engine.name, engine.workers,
@@ -198,7 +203,7 @@ def _run(
             pending.clear()
         if not running:
             if pending:  # every remaining partition is held by another job
-                job.clock.sleep(min(job.lease / 4, 2.0))
+                _wait_for_others(job)
                 pending[:] = _left(job, pending)
             continue
         timeout = min(job.lease / 4, 2.0) if waiting else None
@@ -220,6 +225,15 @@ def _run(
     if failure is not None:
         _raise(job, *failure)
     return stopped
+
+
+def _wait_for_others(job: PartitionJob) -> None:
+    """Sleep while other jobs hold every partition left and none of this job's runs: the time
+    goes to ``job.times.claim``, and is a ``claim`` span."""
+    began, traced = perf_counter(), tracing.now()
+    job.clock.sleep(min(job.lease / 4, 2.0))
+    tracing.complete("claim", "write", traced, tracing.now())
+    job.times.claim += perf_counter() - began
 
 
 def _launch(
@@ -326,6 +340,9 @@ def _report(job: PartitionJob, result: Any) -> None:
     job.finished += 1
     job.samples += result.samples
     job.stored_bytes += result.stored_bytes
+    times = getattr(result, "times", None)  # None from an engine that times nothing
+    if times is not None:
+        job.times.add(times)
     log.info(
         "snapstore: %s: partition %d done (%d samples in %.1f s on %s pid %d); %d of %d",
         job.name, result.partition, result.samples, result.seconds, result.host, result.pid,

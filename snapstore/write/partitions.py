@@ -40,6 +40,7 @@ from ..storage.claims import CLAIMS_DIR, remove_claims
 from ..storage.listing import list_prefixes, listing_workers, map_concurrently
 from ..storage.pins import PINS_DIR, Pin
 from ..storage.store import Store
+from .times import WriteTimes
 from .writer import (
     Columns,
     ProgressCallback,
@@ -283,8 +284,10 @@ def write_partition(
     schema: Schema | None = None,
     options: WriteOptions | None = None,
     progress: ProgressCallback | None = None,
+    times: WriteTimes | None = None,
 ) -> bool:
     """Compute one partition (``samples()``) and commit it; on any error nothing is committed.
+    Where its time went is added to ``times``, if given (see :mod:`snapstore.write.times`).
 
     Returns
     -------
@@ -305,12 +308,14 @@ def write_partition(
         progress=progress,
     )
     try:
-        for sample in samples():
-            writer.add(sample)
+        writer.add_all(samples)
     except BaseException:
         writer.abort()
         raise
-    return writer.commit()
+    won = writer.commit()
+    if times is not None:
+        times.add(writer.times)
+    return won
 
 
 def _check_checksums(

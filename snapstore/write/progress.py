@@ -178,6 +178,10 @@ class Reporter:
     def finish(self, text: str) -> None:
         """The snapshot was committed without this job writing it: ``text`` says how."""
 
+    def summary(self, text: str, logger: logging.Logger) -> None:
+        """Where the materialization's time went (one line, see :mod:`snapstore.write.times`),
+        which ``logger`` also logs at INFO; shown by a display when it closes."""
+
     def close(self, ok: bool) -> None:
         """The materialization ended, committed (``ok``) or failed. Safe to call twice."""
 
@@ -219,6 +223,7 @@ class Display(Reporter):
         self._mode = ""  # of the bar drawn: "samples" or "partitions"
         self._wait: str | None = None
         self._final: str | None = None
+        self._summary: tuple[str, logging.Logger] | None = None
         self._closed = False
         self._widget = in_jupyter()  # tqdm.auto draws a notebook widget, sized by the notebook
         self._logs: LogsAboveBar | None = None
@@ -250,6 +255,10 @@ class Display(Reporter):
         with self._lock:
             self._final = text
 
+    def summary(self, text: str, logger: logging.Logger) -> None:
+        with self._lock:
+            self._summary = (text, logger)
+
     def close(self, ok: bool) -> None:
         self._stop.set()
         if self._thread is not threading.current_thread():
@@ -268,8 +277,22 @@ class Display(Reporter):
                     bar.close()
                 except Exception:  # not to hide the error being raised, if any
                     log.debug("snapstore: could not close the progress display", exc_info=True)
+                if ok:
+                    self._print_summary()
             finally:
                 self._stop_logs()
+
+    def _print_summary(self) -> None:
+        """The summary line under the final one, unless its log record shows on the same
+        terminal already (the application logs snapstore's INFO there)."""
+        summary, self._summary = self._summary, None
+        if summary is None or _logged_to(summary[1], self._stream()):
+            return
+        try:
+            self._stream().write(summary[0] + "\n")
+            self._stream().flush()
+        except Exception:  # a display must never fail the materialization it shows
+            log.debug("snapstore: could not print the summary line", exc_info=True)
 
     def _stop_logs(self) -> None:
         logs, self._logs = self._logs, None
@@ -387,6 +410,26 @@ def _same_terminal(a: Any, b: Any) -> bool:
         return bool(a.isatty() and b.isatty()) and os.path.sameopenfile(a.fileno(), b.fileno())
     except (AttributeError, OSError, ValueError):
         return False
+
+
+def _logged_to(logger: logging.Logger, stream: IO[str]) -> bool:
+    """Whether ``logger``'s INFO records are written to ``stream``'s terminal by a handler
+    (of the logger or of one it propagates to)."""
+    if not logger.isEnabledFor(logging.INFO):
+        return False
+    current: logging.Logger | None = logger
+    while current is not None:
+        for handler in current.handlers:
+            target = getattr(handler, "stream", None)
+            target = getattr(target, "stream", target) if isinstance(target, _AboveBars) else target
+            if (
+                handler.level <= logging.INFO
+                and target is not None
+                and _same_terminal(target, stream)
+            ):
+                return True
+        current = current.parent if current.propagate else None
+    return False
 
 
 def _stream_handlers() -> Iterator[logging.StreamHandler[Any]]:

@@ -11,6 +11,12 @@ Memory is bounded by ``max_block_bytes * (2 * threads + 3)``: the block being fi
 being encoded or waiting to be written, and nothing else. (Rows given to
 :meth:`SnapshotWriter.add_batch` are kept as slices of the caller's columns until their block is
 encoded, so a batch's arrays stay alive that long.)
+
+Where the time goes is counted as it is spent (:attr:`SnapshotWriter.times`, see
+:mod:`snapstore.write.times`): a few clock readings per block on each thread, and one sample
+in :data:`TIMED_EVERY` timed through validation; under :mod:`snapstore.tracing`, each block's
+steps are ``write`` spans (``stage`` and ``validate`` on the stage's thread, ``encode`` and
+``compress`` on an encoding thread, ``upload`` on the I/O thread, then ``commit``).
 """
 
 from __future__ import annotations
@@ -21,14 +27,16 @@ import logging
 import os
 import secrets
 import socket
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import asdict, dataclass
+from time import perf_counter
 from typing import IO, Any
 
 import numpy as np
 import pyarrow as pa
 
+from .. import tracing
 from ..format import layout as fmt
 from ..format.arraylike import convert_sample
 from ..format.checks import sample_checker
@@ -45,6 +53,7 @@ from ..format.inference import check_keys, infer_schema, merge_fields, resolve, 
 from ..format.schema import Schema
 from ..oldpaths import historic_name
 from ..storage.store import Store
+from .times import WriteTimes
 
 __all__ = ["Columns", "ProgressCallback", "SnapshotWriter", "WriteOptions"]
 
@@ -52,6 +61,11 @@ log = logging.getLogger(historic_name(__name__))
 
 ProgressCallback = Callable[[int, int], None]
 """Called after each block is written with (samples written so far, bytes stored so far)."""
+
+TIMED_EVERY = 16
+"""One sample in this many has its validation timed (two clock readings), and the others are
+counted as taking as long: timing every sample would cost a stage of 200,000 small samples
+about 1% (see :mod:`snapstore.write.times`). A power of two."""
 
 
 def _default_threads() -> int:
@@ -311,11 +325,86 @@ class SnapshotWriter:
         self._stored_bytes = 0
         self._rows_written = 0
         self._closed = False
+        # Where the time goes (snapstore.write.times). The stage's thread: its add() samples
+        # timed and their seconds, rows given as columns and the seconds validating them,
+        # validation and waits at block flushes, the stage's own seconds, the commit's.
+        self._threads = threads
+        self._timed, self._timed_rows = 0.0, 0
+        self._batch_rows, self._batch_validate = 0, 0.0
+        self._flush_validate = self._blocked = self._flushing = 0.0
+        self._stage = self._commit = 0.0
+        self._ran = False
+        self._work = [0.0, 0.0, 0.0]  # encode, compress, upload: the I/O thread's alone
+        # While add_all() runs under tracing: when the block being filled began (trace
+        # microseconds) and the validation seconds counted by then.
+        self._block_mark: tuple[float, float] | None = None
 
     @property
     def samples_written(self) -> int:
         """Samples accepted so far."""
         return self._count
+
+    @property
+    def times(self) -> WriteTimes:
+        """Where this writer's time went so far, final once committed (see
+        :mod:`snapstore.write.times`); ``stage`` counts only what :meth:`add_all` ran."""
+        encode, compress, upload = self._work
+        return WriteTimes(
+            stage=self._stage,
+            validate=self._validated(),
+            blocked=self._blocked,
+            commit=self._commit,
+            encode=encode,
+            compress=compress,
+            upload=upload,
+            samples=self._count,
+            stored_bytes=self._stored_bytes,
+            threads=self._threads,
+            computed=self._ran,
+        )
+
+    def _validated(self) -> float:
+        """Seconds spent validating samples so far: add()'s estimated from its timed samples."""
+        rows = self._count - self._batch_rows
+        each = self._timed / self._timed_rows if self._timed_rows else 0.0
+        return each * rows + self._batch_validate + self._flush_validate
+
+    def add_all(self, samples: Callable[[], Iterable[Mapping[str, Any] | Columns]]) -> None:
+        """:meth:`add` every sample of ``samples()`` (a stage's call), timing the stage's own
+        code (the call, and each step of what it returned) apart from snapstore's work: see
+        :attr:`times`. Under tracing, each block's share of either is a span.
+
+        Raises
+        ------
+        SchemaError
+            As :meth:`add`; and whatever ``samples`` raises.
+        """
+        began = perf_counter()
+        spent = self._validated() + self._blocked
+        self._ran = True
+        if tracing.enabled():
+            self._block_mark = (tracing.now(), self._validated())
+        try:
+            for sample in samples():
+                self.add(sample)
+        finally:
+            if self._block_mark is not None:
+                self._trace_block()
+                self._block_mark = None
+            theirs = self._validated() + self._blocked - spent  # snapstore's, in the loop
+            self._stage += max(0.0, perf_counter() - began - theirs)
+
+    def _trace_block(self) -> None:
+        """The block being filled since the mark, as a ``stage`` span and a ``validate`` span
+        as long as the seconds of each (they alternate sample by sample; drawn one after the
+        other)."""
+        assert self._block_mark is not None
+        start, validated = self._block_mark
+        end = tracing.now()
+        middle = max(start, end - (self._validated() - validated) * 1e6)
+        rows = self._buffer_rows
+        tracing.complete("stage", "write", start, middle, samples=rows)
+        tracing.complete("validate", "write", middle, end, samples=rows)
 
     def add(self, sample: Mapping[str, Any] | Columns) -> None:
         """Validate and buffer one sample; encodes a block when enough bytes have gathered.
@@ -332,6 +421,9 @@ class SnapshotWriter:
         if isinstance(sample, Columns):
             self.add_batch(sample.data)
             return
+        timed = not self._count & (TIMED_EVERY - 1)
+        if timed:
+            began = perf_counter()
         row: Mapping[str, Any]  # the sample to store: array-likes become numpy arrays once
         if self._check is not None:
             row = self._check(sample, self._count)
@@ -345,6 +437,9 @@ class SnapshotWriter:
         self._buffer_bytes += _sample_nbytes(row)
         self._buffer_rows += 1
         self._count += 1
+        if timed:
+            self._timed += perf_counter() - began
+            self._timed_rows += 1
         options = self.options
         if self._buffer_bytes >= options.max_block_bytes or (
             self._buffer_bytes >= options.block_bytes
@@ -380,8 +475,11 @@ class SnapshotWriter:
         --------
         >>> writer.add_batch({"tokens": tokens, "label": np.arange(len(tokens))})  # doctest: +SKIP
         """
+        began, flushing = perf_counter(), self._flushing
         cols, rows = normalize_columns(columns)
         self._add_columns(cols, rows)
+        self._batch_validate += perf_counter() - began - (self._flushing - flushing)
+        self._batch_rows += rows
 
     def _add_columns(self, cols: dict[str, Any], rows: int) -> None:
         sizes = np.zeros(rows, dtype=np.int64)
@@ -441,45 +539,85 @@ class SnapshotWriter:
     def _flush_block(self) -> None:
         if not self._buffer_rows:
             return
+        began = perf_counter()
+        if self._block_mark is not None:
+            self._trace_block()
         pieces = list(self._pieces)
         if self._buffer:
             pieces.append((self._count - len(self._buffer), self._buffer))
-        if self.schema is None:
-            self.schema = self._infer(pieces)
-            # Inference accepted these rows one by one; the schema it settled on is checked too
-            # (a list of int in a field that widened to float64 must hold exactly there).
-            self._check = check = sample_checker(self.schema)
-            pieces = [
-                (
-                    first,
-                    [check(row, first + i) for i, row in enumerate(p)]
-                    if isinstance(p, list)
-                    else conform_columns(self.schema, p, first),
-                )
-                for first, p in pieces
-            ]
+        schema = self.schema
+        if schema is None:
+            with tracing.span("validate", "write", inferred=self._buffer_rows):
+                schema, pieces = self._infer_and_check(pieces)
+        checked = perf_counter()
         self._pieces, self._buffer, self._buffer_bytes, self._buffer_rows = [], [], 0, 0
-        encoded = self._pool.submit(self._encode, self.schema, pieces)
+        encoded = self._pool.submit(self._encode, schema, pieces)
         self._pending.append(self._io.submit(lambda: self._write_block(encoded.result())))
         while len(self._pending) > self._max_pending:
             self._pending.popleft().result()  # bounds memory; raises what encoding or I/O raised
+        ended = perf_counter()
+        self._flush_validate += checked - began
+        self._blocked += ended - checked
+        self._flushing += ended - began
+        if self._block_mark is not None:
+            self._block_mark = (tracing.now(), self._validated())
 
-    def _encode(self, schema: Schema, pieces: list[tuple[int, _Piece]]) -> fmt.EncodedBlock:
-        batches = [
-            to_record_batch(schema, p) if isinstance(p, list) else batch_from_columns(schema, p)  # type: ignore[arg-type]
-            for _, p in pieces
+    def _infer_and_check(
+        self, pieces: list[tuple[int, _Piece]]
+    ) -> tuple[Schema, list[tuple[int, _Piece]]]:
+        """Infer the schema from the first block, and check the block against it."""
+        self.schema = schema = self._infer(pieces)
+        # Inference accepted these rows one by one; the schema it settled on is checked too
+        # (a list of int in a field that widened to float64 must hold exactly there).
+        self._check = check = sample_checker(schema)
+        return schema, [
+            (
+                first,
+                [check(row, first + i) for i, row in enumerate(p)]
+                if isinstance(p, list)
+                else conform_columns(schema, p, first),
+            )
+            for first, p in pieces
         ]
-        if len(batches) == 1:
-            batch = batches[0]
-        else:  # pa.concat_batches needs pyarrow 19
-            batch = pa.Table.from_batches(batches).combine_chunks().to_batches()[0]
-        return fmt.encode_block(
-            batch,
-            level=self.options.compression_level,
-            min_ratio=self.options.min_compression_ratio,
-        )
 
-    def _write_block(self, block: fmt.EncodedBlock) -> None:
+    def _encode(
+        self, schema: Schema, pieces: list[tuple[int, _Piece]]
+    ) -> tuple[fmt.EncodedBlock, float, float]:
+        """The block, and the seconds spent encoding and compressing it (on a pool thread)."""
+        began = perf_counter()
+        with tracing.span("encode", "write"):
+            batches = [
+                to_record_batch(schema, p) if isinstance(p, list) else batch_from_columns(schema, p)  # type: ignore[arg-type]
+                for _, p in pieces
+            ]
+            if len(batches) == 1:
+                batch = batches[0]
+            else:  # pa.concat_batches needs pyarrow 19
+                batch = pa.Table.from_batches(batches).combine_chunks().to_batches()[0]
+            raw = memoryview(batch.serialize())
+        serialized = perf_counter()
+        with tracing.span("compress", "write", bytes=raw.nbytes):
+            block = fmt.pack_block(
+                raw,
+                batch.num_rows,
+                level=self.options.compression_level,
+                min_ratio=self.options.min_compression_ratio,
+            )
+        return block, serialized - began, perf_counter() - serialized
+
+    def _write_block(self, encoded: tuple[fmt.EncodedBlock, float, float]) -> None:
+        block, encode, compress = encoded
+        began = perf_counter()
+        with tracing.span("upload", "write", bytes=block.data.nbytes):
+            self._append(block)
+        work = self._work  # this thread's alone: no lock
+        work[0] += encode
+        work[1] += compress
+        work[2] += perf_counter() - began
+        if self._progress is not None:
+            self._progress(self._rows_written, self._stored_bytes)
+
+    def _append(self, block: fmt.EncodedBlock) -> None:
         if (
             self._shard is not None
             and self._shard_size + block.data.nbytes > self.options.shard_bytes
@@ -513,8 +651,6 @@ class SnapshotWriter:
         self._raw_bytes += block.raw_length
         self._stored_bytes += block.data.nbytes
         self._rows_written += block.rows
-        if self._progress is not None:
-            self._progress(self._rows_written, self._stored_bytes)
 
     def _close_shard(self) -> None:
         if self._shard is None:
@@ -530,9 +666,17 @@ class SnapshotWriter:
 
     def _drain(self) -> None:
         self._flush_block()
+        began = perf_counter()
         while self._pending:
             self._pending.popleft().result()
-        self._io.submit(self._close_shard).result()
+        self._io.submit(self._close_last_shard).result()
+        self._blocked += perf_counter() - began
+
+    def _close_last_shard(self) -> None:
+        began = perf_counter()
+        with tracing.span("upload", "write"):
+            self._close_shard()
+        self._work[2] += perf_counter() - began
 
     def _manifest(self, index: np.ndarray[Any, Any], index_bytes: bytes) -> dict[str, Any]:
         return build_manifest(
@@ -565,10 +709,12 @@ class SnapshotWriter:
             raise RuntimeError("this SnapshotWriter is already committed or aborted")
         try:
             self._drain()
-            index = _index_array(self._entries)
-            index_bytes = fmt.write_index(index)
-            manifest = self._manifest(index, index_bytes)
-            won = publish(self.store, self.fingerprint, self.run, index_bytes, manifest)
+            began = perf_counter()
+            with tracing.span("commit", "write"):
+                index = _index_array(self._entries)
+                index_bytes = fmt.write_index(index)
+                manifest = self._manifest(index, index_bytes)
+                won = publish(self.store, self.fingerprint, self.run, index_bytes, manifest)
         except BaseException:
             self.abort()
             raise
@@ -580,6 +726,7 @@ class SnapshotWriter:
                 self.run,
             )
             self.store.remove_tree(self.run_dir)
+        self._commit += perf_counter() - began
         return won
 
     def abort(self) -> None:
