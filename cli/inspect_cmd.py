@@ -5,6 +5,7 @@ The JSON each prints with ``--json`` is documented in docs/cli.md; its keys are 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import re
@@ -21,6 +22,8 @@ from snapstore.manage.gc import find_garbage
 from snapstore.read.prefetch import ReadStats
 from snapstore.storage.simulate import simulated_store
 from snapstore.storage.store import Store
+from snapstore.verdict import analyze
+from snapstore.write.engines import usable_cores
 
 from .common import Context, human_bytes, table
 
@@ -379,6 +382,14 @@ def _format_bench(data: dict[str, Any]) -> str:
     default=None,
     help="Decoding threads (default: min(4, CPUs)).",
 )
+@click.option(
+    "--trace",
+    "trace_path",
+    default=None,
+    metavar="PATH",
+    help="Record the read into this trace file (Chrome trace JSON, for Perfetto) and print "
+    "the verdict on what limits it after the table.",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print JSON instead of text.")
 @click.pass_obj
 def bench_command(
@@ -395,9 +406,11 @@ def bench_command(
     prefetch_bytes: int | None,
     max_requests: int | None,
     decode_threads: int | None,
+    trace_path: str | None,
     as_json: bool,
 ) -> None:
-    """Read a snapshot as training would and report throughput, stalls and requests."""
+    """Read a snapshot as training would and report throughput, stalls and requests; with
+    --trace, where the time went and what limits."""
     chosen: dict[str, Any] = {
         "seed": seed,
         "window_bytes": window_bytes,
@@ -412,7 +425,8 @@ def bench_command(
     if simulate_ttfb is not None or simulate_bandwidth is not None:
         simulated = {"ttfb": simulate_ttfb or 0.0, "bandwidth": simulate_bandwidth}
         store = simulated_store(obj.store, ttfb=simulated["ttfb"], bandwidth=simulate_bandwidth)
-    with snapstore.open(full, root=store) as snap:
+    recording = snapstore.trace(trace_path) if trace_path else contextlib.nullcontext()
+    with recording, snapstore.open(full, root=store) as snap:
         per_epoch, first, wall = _read_epochs(snap, epochs, batch_size, options, workers)
     settings: dict[str, Any] = {"batch_size": batch_size, "shuffle": shuffle, "epochs": epochs}
     settings |= {"workers": workers, "worker": 0} | chosen
@@ -423,7 +437,12 @@ def bench_command(
         "simulated": simulated,
         "results": _bench_result(per_epoch, first, wall),
     }
+    verdict = analyze(trace_path, cpus=usable_cores()) if trace_path else None
+    if verdict is not None:
+        data["trace"] = {"path": trace_path, "verdict": verdict.as_dict()}
     click.echo(json.dumps(data, indent=2) if as_json else _format_bench(data))
+    if verdict is not None and not as_json:
+        click.echo(f"\n{verdict.text()}")
 
 
 # -- du -------------------------------------------------------------------------------------

@@ -499,9 +499,9 @@ def gc_command(
 
 def _register() -> None:
     """Add the commands that live in their own modules."""
-    from . import copy_cmd, inspect_cmd, verify_cmd
+    from . import copy_cmd, inspect_cmd, trace_cmd, verify_cmd
 
-    for module in (verify_cmd, copy_cmd, inspect_cmd):
+    for module in (verify_cmd, copy_cmd, inspect_cmd, trace_cmd):
         for command in module.COMMANDS:
             main.add_command(command)
 

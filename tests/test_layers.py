@@ -35,7 +35,7 @@ ROOT = Path(__file__).resolve().parent.parent
 # Bottom to top: each layer is a subpackage (all its modules) or a list of top-level modules.
 # The README's architecture diagram draws the same.
 LAYERS: dict[str, tuple[str, ...]] = {
-    "base": ("errors", "oldpaths", "tracing"),
+    "base": ("errors", "oldpaths", "tracing", "verdict", "watch"),
     "format": ("format/",),
     "storage": ("storage/",),
     "fingerprint": ("fingerprint/",),
