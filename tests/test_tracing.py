@@ -156,6 +156,9 @@ def test_the_read_spans_and_their_args(snap: snapstore.Snapshot, tmp_path: Path)
         reader = opened.batches(16, shuffle=True, seed=1, window_blocks=4)
         assert sum(len(b["id"]) for b in reader) == N
         stats = reader.stats()
+        # Flushed as the pass ended, before the block ends: a persistent worker's part is
+        # on disk when its epoch ends.
+        assert len(spans(tracing.read_events(path), "pass")) == 1
         mixture = snapstore.mix([opened, opened], [0.5, 0.5], samples=N // 2)
         mixed = mixture.batches(16, seed=1)
         assert sum(len(b["id"]) for b in mixed) == N // 2
