@@ -41,6 +41,7 @@ __all__ = ["MixedBatchReader", "SourceSlice", "source_chunks"]
 STATE_VERSION = 1
 _ORDER_KEYS = ("mixture", "epoch", "seed", "shuffle", "drop_last", "unit")
 _READY_BATCHES = 2
+SPAN_ROWS = 4096  # rows put in schedule order at once: the index work is spread over batches
 # A source's read-ahead never drops below this, however small its share: enough for a few
 # blocks in flight, so a rare source still hides its store's latency.
 _MIN_SOURCE_PREFETCH = 8 << 20
@@ -339,52 +340,65 @@ class MixedBatchReader:
                 return have
         raise RuntimeError(f"mixture source {i} ended {need - have} rows early")
 
-    def _order(self, segments: list[tuple[int, int]]) -> Iterator[np.ndarray[Any, Any]]:
-        """The source of each sample this pass reads, a frame of the schedule at a time."""
+    def _spans(self, segments: list[tuple[int, int]]) -> Iterator[np.ndarray[Any, Any]]:
+        """The source of each sample this pass reads, at most ``SPAN_ROWS`` at a time (a frame
+        of the schedule, or part of one)."""
         for begin, end in segments:
             for source, _ in self.schedule.segments(begin, end):
-                yield np.repeat(source, self.unit) if self.unit > 1 else source
-
-    def _batch_sources(self, segments: list[tuple[int, int]]) -> Iterator[np.ndarray[Any, Any]]:
-        """The source of each sample of each batch (the last one short unless drop_last)."""
-        carry = np.zeros(0, np.int64)
-        for part in self._order(segments):
-            carry = np.concatenate((carry, part))
-            full = len(carry) - len(carry) % self.batch_size
-            yield from np.split(carry[:full], full // self.batch_size) if full else ()
-            carry = carry[full:]
-        if len(carry) and not self.settings.drop_last:
-            yield carry
+                order = np.repeat(source, self.unit) if self.unit > 1 else source
+                for lo in range(0, len(order), SPAN_ROWS):
+                    yield order[lo : lo + SPAN_ROWS]
 
     def _assemble(self, segments: list[tuple[int, int]]) -> Iterator[tuple[dict[str, Any], int]]:
-        """The pass's batches, made on the assembler thread: each is one run of rows per
-        stretch of consecutive positions of one source, in schedule order."""
+        """The pass's batches, made on the assembler thread.
+
+        A span of positions at a time, each source's rows are cut as one run and
+        :func:`~snapstore.read.assemble.interleave` puts them in schedule order by their
+        indices (no row copied); batches are then cut off the ordered spans as
+        :class:`~snapstore.BatchReader` cuts them off its chunks, each row copied once, straight
+        to its place. A span's index work is spread over its batches.
+        """
         pending: list[collections.deque[list[Any]]] = [collections.deque() for _ in self.sources]
         held = [0] * len(self.sources)
+        ordered: collections.deque[list[Any]] = collections.deque()  # [rows, start, stop]
+        sources = np.zeros(0, np.int64)  # the source of each row in ``ordered``
+        size, number = self.batch_size, 0
         builder = BatchBuilder(self.schema, self.settings.ragged, self.allocate)
-        for number, which in enumerate(self._batch_sources(segments)):
-            # Each source's rows are cut as one run; interleave() puts them in schedule order
-            # by their indices, so the builder copies each row once, straight to its place.
-            counts = np.bincount(which, minlength=len(self.sources))
-            for i in np.flatnonzero(counts).tolist():
-                if held[i] < counts[i]:  # pulling a source's chunks waits for its blocks
-                    held[i] = self._rows(i, pending[i], int(counts[i]))
-            with tracing.span("assemble", "read") as recorded:
-                if recorded is not None:
-                    recorded.args.update(batch=number, samples=len(which))
+        spans = self._spans(segments)
+        while True:
+            which = next(spans, None)
+            if which is not None:
+                counts = np.bincount(which, minlength=len(self.sources))
+                used = np.flatnonzero(counts).tolist()
+                for i in used:
+                    if held[i] < counts[i]:  # pulling a source's chunks waits for its blocks
+                        held[i] = self._rows(i, pending[i], int(counts[i]))
                 parts = []
-                for i in np.flatnonzero(counts).tolist():
+                for i in used:
                     parts.extend(cut_rows(pending[i], int(counts[i])))
                     held[i] -= int(counts[i])
-                if np.count_nonzero(counts) > 1:
+                if len(used) > 1:
                     grouped = np.argsort(which, kind="stable")  # each grouped row's position
                     order = np.argsort(grouped)  # the grouped row of each position
-                    batch = builder.build([(interleave(parts, order), 0, len(which))])
+                    ordered.append([interleave(parts, order), 0, len(which)])
                 else:
-                    batch = builder.build(parts)
-                if self.source_field is not None:
-                    batch[self.source_field] = which.copy()
-            yield batch, len(which)
+                    ordered.extend([list(part) for part in parts])
+                sources = np.concatenate((sources, which))
+            last = which is None and len(sources) and not self.settings.drop_last
+            while len(sources) >= size or last:
+                take = min(size, len(sources))
+                with tracing.span("assemble", "read") as recorded:
+                    if recorded is not None:
+                        recorded.args.update(batch=number, samples=take)
+                    batch = builder.build(cut_rows(ordered, take))
+                    if self.source_field is not None:
+                        batch[self.source_field] = sources[:take].copy()
+                sources = sources[take:]
+                number += 1
+                last = False
+                yield batch, take
+            if which is None:
+                return
 
     def _batches(self, handoff: Handoff[tuple[dict[str, Any], int]]) -> Iterator[dict[str, Any]]:
         try:
