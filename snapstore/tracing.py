@@ -43,6 +43,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import functools
 import json
 import multiprocessing
 import multiprocessing.util
@@ -91,7 +92,7 @@ class _Recorder:
     def __init__(self, path: str) -> None:
         self.path = str(path)
         self.pid = os.getpid()
-        self.events: list[dict[str, Any]] = []
+        self.events: list[dict[str, Any] | tuple[Any, ...]] = []  # spans as tuples
         self.dropped = 0
         self.threads: set[int] = set()
         self.label: str | None = None
@@ -102,18 +103,31 @@ class _Recorder:
         self.part = parts_dir(self.path) / f"{self.run}-{socket.gethostname()}-{self.pid}.jsonl"
 
     def add(self, event: dict[str, Any]) -> None:
-        tid = event["tid"]
+        """Record an event given whole (metadata, instants)."""
+        self._thread(event["tid"])
+        if len(self.events) < MAX_EVENTS:
+            self.events.append(event)
+        else:
+            self.dropped += 1
+
+    def add_span(
+        self, name: str, cat: str, ts: float, dur: float, tid: int, args: dict[str, Any] | None
+    ) -> None:
+        """Record a complete span, kept as a tuple until :meth:`flush` writes it."""
+        self._thread(tid)
+        if len(self.events) >= MAX_EVENTS:
+            self.dropped += 1
+            return
+        self.events.append((name, cat, ts, dur, tid, args))
+        if ts - self.flushed > FLUSH_SECONDS * 1e6:
+            self.flushed = ts  # a worker killed later loses at most the last seconds
+            threading.Thread(target=self.flush, name="snapstore-trace-flush").start()
+
+    def _thread(self, tid: int) -> None:
         if tid not in self.threads:
             self.threads.add(tid)
             name = threading.current_thread().name
             self.events.append(_meta("thread_name", self.pid, tid, name))
-        if len(self.events) >= MAX_EVENTS:
-            self.dropped += 1
-            return
-        self.events.append(event)
-        if event["ts"] - self.flushed > FLUSH_SECONDS * 1e6:
-            self.flushed = event["ts"]  # a worker killed later loses at most the last seconds
-            threading.Thread(target=self.flush, name="snapstore-trace-flush").start()
 
     def flush(self) -> None:
         with self.lock:
@@ -121,26 +135,39 @@ class _Recorder:
             if self.label is not None:
                 events.insert(0, _meta("process_name", self.pid, 0, self.label))
             if self.sort_index is not None:
-                args = {"sort_index": self.sort_index}
-                events.insert(
-                    0,
-                    {
-                        "ph": "M",
-                        "name": "process_sort_index",
-                        "pid": self.pid,
-                        "tid": 0,
-                        "args": args,
-                    },
-                )
+                sort = _meta("process_sort_index", self.pid, 0, "")
+                sort["args"] = {"sort_index": self.sort_index}
+                events.insert(0, sort)
             if self.dropped:
                 args = {"dropped": self.dropped, "max": MAX_EVENTS}
                 events.append(_instant("events dropped", "trace", args))
                 self.dropped = 0
             if not events:
                 return
+            lines = list(map(self._line, events))
             self.part.parent.mkdir(parents=True, exist_ok=True)
             with open(self.part, "a", encoding="utf-8") as out:
-                out.writelines(json.dumps(e, separators=(",", ":")) + "\n" for e in events)
+                out.writelines(lines)
+
+    def _line(self, event: dict[str, Any] | tuple[Any, ...]) -> str:
+        """One event as a JSON line; spans by a template (twice as fast as ``json.dumps``)."""
+        if isinstance(event, dict):
+            return _dumps(event) + "\n"
+        name, cat, ts, dur, tid, args = event
+        extra = f',"args":{_dumps(args)}' if args else ""
+        return (
+            f'{{"ph":"X","name":{_quoted(name)},"cat":{_quoted(cat)},"ts":{ts:.3f},'
+            f'"dur":{dur:.3f},"pid":{self.pid},"tid":{tid}{extra}}}\n'
+        )
+
+
+_dumps = json.JSONEncoder(separators=(",", ":")).encode
+
+
+@functools.lru_cache(maxsize=256)
+def _quoted(text: str) -> str:
+    """A span's name or category as a JSON string (a few distinct ones, so cached)."""
+    return _dumps(text)
 
 
 _recorder: _Recorder | None = None
@@ -239,18 +266,9 @@ def complete(name: str, cat: str, start: float, end: float, **args: Any) -> None
     recorder = _recorder
     if recorder is None:
         return
-    event = {
-        "ph": "X",
-        "name": name,
-        "cat": cat,
-        "ts": start,
-        "dur": max(0.0, end - start),
-        "pid": recorder.pid,
-        "tid": threading.get_native_id(),
-    }
-    if args:
-        event["args"] = args
-    recorder.add(event)
+    recorder.add_span(
+        name, cat, start, max(0.0, end - start), threading.get_native_id(), args or None
+    )
 
 
 now = _now

@@ -218,6 +218,7 @@ def test_off_records_nothing_and_writes_nothing(
 
     monkeypatch.setattr(tracing._Span, "__init__", recorded)
     monkeypatch.setattr(tracing._Recorder, "add", recorded)
+    monkeypatch.setattr(tracing._Recorder, "add_span", recorded)
     monkeypatch.chdir(tmp_path)
     store = simulated_store(snap.store.root, ttfb=0.001)
     opened = snapstore.open(snap.fingerprint, root=store)
