@@ -114,6 +114,8 @@ Bottleneck = Literal[
 
 # What to change when one of snapstore's parts of writing takes the most time (as the INFO line
 # at the end of a materialization says, snapstore.write.times).
+# What to change when a step of snapstore's write dominates (also the materialize line's hint,
+# snapstore.write.times).
 WRITE_HINTS = {
     "validate": "yield snapstore.Columns batches instead of one dict per sample",
     "encode": "more encoding threads (WriteOptions(threads=...)), or larger blocks",

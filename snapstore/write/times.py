@@ -34,6 +34,7 @@ import logging
 from dataclasses import asdict, dataclass, fields
 from typing import Any, Protocol
 
+from ..verdict import WRITE_HINTS
 from .progress import sizeof
 
 __all__ = ["WriteTimes", "conclusion", "report_times", "summary"]
@@ -49,17 +50,6 @@ MIN_SECONDS = 0.5
 """Below this many seconds of the stage's threads (and waits), :func:`conclusion` names no
 side: fixed costs (a commit's few writes, threads starting) are most of so short a write, and
 no side is worth speeding up."""
-
-# What to change when a step of snapstore's dominates.
-_HINTS = {
-    "validate": "yield snapstore.Columns batches instead of one dict per sample",
-    "encode": "more encoding threads (WriteOptions(threads=...)), or larger blocks",
-    "compress": "a lower compression_level in WriteOptions (0 stores blocks raw), or more "
-    "encoding threads (WriteOptions(threads=...))",
-    "upload": "the store's write bandwidth: a store nearer the job, or more workers writing "
-    "at once (partition_by)",
-    "commit": "the store's latency: a commit is a few small writes and a create-if-absent",
-}
 
 
 @dataclass
@@ -188,7 +178,7 @@ def conclusion(times: WriteTimes) -> str:
         )
     return (
         f"snapstore's work dominates, {found} most ({_s(getattr(times, found))} s): try "
-        f"{_HINTS[found]}; see {DOCS}."
+        f"{WRITE_HINTS[found]}; see {DOCS}."
     )
 
 
