@@ -48,8 +48,20 @@ from .. import tracing
 from ..errors import FormatError, StoreError
 from ..format.layout import BLOCK_ALIGNMENT
 from ..oldpaths import historic_name
+from ..storage.retry import is_throttled
 
-__all__ = ["Concurrency", "PrefetchLimits", "Prefetcher", "PrefetcherClosedError", "ReadStats"]
+__all__ = [
+    "Concurrency",
+    "PrefetchLimits",
+    "Prefetcher",
+    "PrefetcherClosedError",
+    "RangeRequest",
+    "ReadStats",
+    "RequestShape",
+    "admits",
+    "form_requests",
+    "start_delay",
+]
 
 log = logging.getLogger(historic_name(__name__))
 
@@ -135,6 +147,12 @@ class ReadStats:
 class Concurrency:
     """How many requests to keep in flight, from what was measured (pure, not thread-safe).
 
+    Without throttling the limit follows Little's law (see the module's docstring). Once the
+    store throttles (:meth:`on_throttled`: HTTP 429 or 503) it is run as TCP runs its window:
+    halved at each throttle, one more per ``limit`` successes (:meth:`on_success`), never above
+    the estimate's doubling on a stall; and each throttle doubles the request size
+    (:attr:`level`, at most :data:`MAX_LEVEL`), so reading the same bytes costs fewer requests.
+
     Parameters
     ----------
     maximum : int
@@ -154,6 +172,9 @@ class Concurrency:
         self._latency = math.nan  # EWMA of request seconds
         self._rate = math.nan  # EWMA of requests consumed per second
         self._last_consumed: float | None = None
+        self.throttles = 0  # 429/503 answers seen
+        self.level = 0  # requests are 2**level times larger (see RequestShape.grown)
+        self._successes = 0
 
     def record_latency(self, seconds: float) -> None:
         """A request took ``seconds`` end to end."""
@@ -186,13 +207,31 @@ class Concurrency:
         target = self.target()
         if target < self.limit:
             self.limit = max(target, self.limit - max(1, self.limit // 8))
-        elif target > self.limit:
+        elif target > self.limit and not self.throttles:
             self.limit = target
+
+    def on_throttled(self) -> None:
+        """The store answered 429 or 503: halve the limit (multiplicative decrease) and grow
+        the requests (:attr:`level`), so the same bytes cost fewer requests."""
+        self.throttles += 1
+        self._successes = 0
+        self.limit = max(1, self.limit // 2)
+        self.level = min(MAX_LEVEL, self.level + 1)
+
+    def on_success(self) -> None:
+        """A request succeeded: after a throttle, one more request in flight per ``limit``
+        successes (additive increase), up to ``maximum``; the request size stays grown."""
+        if not self.throttles:
+            return
+        self._successes += 1
+        if self._successes >= self.limit:
+            self._successes = 0
+            self.limit = min(self.maximum, self.limit + 1)
 
 
 @dataclass
-class _Request:
-    """One byte range of one shard, covering whole blocks."""
+class RangeRequest:
+    """One byte range of one shard, covering whole blocks (see :func:`form_requests`)."""
 
     path: str
     start: int
@@ -203,7 +242,130 @@ class _Request:
 
     @property
     def cost(self) -> int:
+        """Decoded bytes of its blocks: what it holds of the budget until consumed."""
         return sum(self.costs)
+
+
+# Requests grow at most this large when the store throttles (1 Gb/s moves it in 0.5 s).
+MAX_GROWN_BYTES = 64 << 20
+# Throttle levels: each doubles the request size (8 MiB -> 64 MiB) and the gap read over.
+MAX_LEVEL = 3
+# The gap a grown request reads over at level 1 (doubling with each level): a few blocks of
+# 256 KiB, bytes fetched and thrown away to save a request when requests, not bytes, are short.
+_GROWN_GAP = 1 << 20
+
+
+@dataclass(frozen=True)
+class RequestShape:
+    """How blocks are coalesced into requests: pure settings for :func:`form_requests`.
+
+    Parameters
+    ----------
+    max_bytes : int
+        A request spans at most this many bytes (0: one block per request).
+    max_gap : int
+        Blocks at most this far apart join one request (the gap is read and dropped).
+    local : bool
+        Requests are memory-map views: join any blocks of a shard, a few at a time.
+    """
+
+    max_bytes: int
+    max_gap: int = _MAX_GAP
+    local: bool = False
+
+    def grown(self, level: int) -> RequestShape:
+        """The shape at throttle ``level`` (:attr:`Concurrency.level`): ``2**level`` times the
+        bytes (at most :data:`MAX_GROWN_BYTES`) and a gap of ``2**(level-1)`` MiB."""
+        if level <= 0 or self.local or self.max_bytes <= 0:
+            return self
+        grown = min(MAX_GROWN_BYTES, max(self.max_bytes, self.max_bytes << level))
+        return RequestShape(grown, max(self.max_gap, _GROWN_GAP << (level - 1)), self.local)
+
+    def joins(self, current: RangeRequest, offset: int, length: int) -> bool:
+        """Whether the block at ``offset`` of ``current``'s shard goes in the same request:
+        remotely when it is close and the request stays small enough; locally (a request is
+        a view of a memory map, whatever it spans) a few blocks at a time, so that each decode
+        task, lock and wake-up is paid per few blocks rather than per block."""
+        gap = offset - (current.start + current.length)
+        if self.local:
+            return gap >= 0 and len(current.blocks) < _LOCAL_BLOCKS
+        return 0 <= gap < self.max_gap and offset + length - current.start <= self.max_bytes
+
+
+def form_requests(
+    blocks: list[int],
+    chunk: int,
+    index: np.ndarray[Any, Any],
+    paths: list[str],
+    shape: RequestShape,
+) -> Iterator[RangeRequest]:
+    """Group ``blocks`` into byte-range requests: per shard, by offset, close ones merged.
+
+    A pure function of the block index: the :class:`Prefetcher` and the fleet simulator
+    (:mod:`snapstore.read.fleet`) both form their requests with it.
+    """
+    if not blocks:
+        return
+    entries = index[blocks]
+    shard = entries["shard"].astype(np.int64)
+    offset = entries["offset"].astype(np.int64)
+    length = entries["length"].astype(np.int64)
+    raw = entries["raw_length"].astype(np.int64)
+    current: RangeRequest | None = None
+    for k in np.lexsort((offset, shard)).tolist():
+        b, s, o, n = blocks[k], int(shard[k]), int(offset[k]), int(length[k])
+        path = paths[s]
+        if current is not None and current.path == path and shape.joins(current, o, n):
+            current.blocks.append((b, o - current.start, n))
+            current.costs.append(int(raw[k]))
+            current.length = o + n - current.start
+            continue
+        if current is not None:
+            yield current
+        current = RangeRequest(path, o, n, [(b, 0, n)], [int(raw[k])], chunk)
+    if current is not None:
+        yield current
+
+
+def admits(
+    request: RangeRequest,
+    *,
+    waiting_chunk: int,
+    in_flight: int,
+    held: int,
+    concurrency: Concurrency,
+    budget_bytes: int,
+) -> bool:
+    """Whether ``request`` may start now: the chunk the consumer waits for goes out at once,
+    up to the maximum number of requests and whatever the budget; the limit and the budget
+    pace reading ahead (a pure rule shared by the :class:`Prefetcher` and the simulator)."""
+    if request.chunk <= waiting_chunk:
+        return in_flight < concurrency.maximum
+    fits = held == 0 or held + request.cost <= budget_bytes
+    return fits and in_flight < concurrency.limit
+
+
+# Starts are spread over ``consumers / START_RATE`` seconds, at most MAX_START_DELAY: a bucket
+# serves about 5,000 reads/s when it is new (GCS), so 8,192 consumers each asking for their
+# first window at once queue for seconds; spread out, each finds the bucket free.
+START_RATE = 5000.0
+MAX_START_DELAY = 1.0
+_GOLDEN_FRACTION = 0.6180339887498949
+
+
+def start_delay(
+    consumer: int, consumers: int, rate: float = START_RATE, cap: float = MAX_START_DELAY
+) -> float:
+    """Seconds consumer ``consumer`` of ``consumers`` waits before its first requests.
+
+    Deterministic from the consumer number (the golden-ratio sequence, so neighbouring ranks
+    land far apart and any run of them is spread evenly), at most ``min(cap, consumers /
+    rate)``; 0 for a single consumer.
+    """
+    if consumers <= 1:
+        return 0.0
+    span = min(cap, consumers / rate)
+    return span * ((consumer * _GOLDEN_FRACTION) % 1.0)
 
 
 @dataclass
@@ -236,6 +398,8 @@ class PrefetchLimits:
         coalesce, whatever this says).
     retries : int
         Extra attempts for a request after a transient error or a read that came back short.
+    start_delay : float
+        Seconds to wait before the first requests (:func:`start_delay`: ranks spread out).
 
     Raises
     ------
@@ -249,12 +413,17 @@ class PrefetchLimits:
     decode_threads: int = 2
     max_request_bytes: int = 8 << 20
     retries: int = 3
+    start_delay: float = 0.0
 
     def __post_init__(self) -> None:
         # In the order SnapshotReader.prefetch has always checked them (threads size requests).
         for name in ("decode_threads", "max_requests"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name}: expected an int >= 1, found {getattr(self, name)}")
+        if not (0.0 <= self.start_delay <= 60.0):
+            raise ValueError(
+                f"start_delay: expected seconds in [0, 60], found {self.start_delay!r}"
+            )
         if self.budget_bytes < 1:
             raise ValueError(
                 f"prefetch budget: expected a positive number of bytes, found {self.budget_bytes}"
@@ -294,6 +463,10 @@ class Prefetcher:
         A decode pool shared with other prefetchers (a mixture's sources share one, so the
         threads go to whichever source has blocks to decode); the caller shuts it down.
         Default: a pool of ``limits.decode_threads`` of its own.
+    throttles : callable, optional
+        ``throttles()``: how many 429/503 answers the store has seen so far (its own retries
+        hide them from ``fetch``); a rise during a request counts as a throttle
+        (:meth:`Concurrency.on_throttled`), as does a throttling error ``fetch`` raises.
     """
 
     def __init__(
@@ -310,6 +483,7 @@ class Prefetcher:
         first_part: int = 0,
         on_requests: Callable[[], None] | None = None,
         decoders: Executor | None = None,
+        throttles: Callable[[], int] | None = None,
     ) -> None:
         self._chunks = iter(chunks)
         self._locate = locate
@@ -320,7 +494,8 @@ class Prefetcher:
         self.limits = limits
         self.budget_bytes = limits.budget_bytes
         self._local = local
-        self._max_request_bytes = 0 if local else limits.max_request_bytes
+        self._shape = RequestShape(0 if local else limits.max_request_bytes, local=local)
+        self._throttles = throttles
         self._retries = limits.retries
         self._first_part = first_part
         self._on_requests = on_requests
@@ -354,7 +529,7 @@ class Prefetcher:
         self._decoders = decoders or ThreadPoolExecutor(limits.decode_threads, "snapstore-decode")
         self._decoding = 0  # decode tasks submitted and not finished
         # (chunk, sequence, request, data or None): what the decode threads take next.
-        self._decodes: list[tuple[int, int, _Request, Any]] = []
+        self._decodes: list[tuple[int, int, RangeRequest, Any]] = []
         self._decode_seq = itertools.count()
         self._io = None if local else ThreadPoolExecutor(limits.max_requests, "snapstore-fetch")
         self._scheduler = threading.Thread(
@@ -366,6 +541,9 @@ class Prefetcher:
 
     def _schedule(self) -> None:
         try:
+            if self.limits.start_delay > 0:  # a crowd's ranks spread out; close() cuts it short
+                with self._cond:
+                    self._cond.wait_for(lambda: self._stopped, self.limits.start_delay)
             for number, indices in enumerate(self._chunks):
                 blocks = self._locate(indices)
                 _, first = np.unique(blocks, return_index=True)
@@ -383,7 +561,9 @@ class Prefetcher:
                     self._tickets[number] = _Chunk(indices, order)
                     self._scheduled = number + 1
                     self._cond.notify_all()
-                for request in self._requests(fresh, number):
+                shape = self._shape.grown(self.concurrency.level)
+                requests = form_requests(fresh, number, self._index, self._paths, shape)
+                for request in requests:
                     if not self._admit(request):
                         return
                     self._submit(request)
@@ -399,52 +579,18 @@ class Prefetcher:
                 self._scheduled_all = True
                 self._cond.notify_all()
 
-    def _requests(self, blocks: list[int], chunk: int) -> Iterator[_Request]:
-        """Group ``blocks`` into byte-range requests: per shard, by offset, adjacent ones merged."""
-        if not blocks:
-            return
-        entries = self._index[blocks]
-        shard = entries["shard"].astype(np.int64)
-        offset = entries["offset"].astype(np.int64)
-        length = entries["length"].astype(np.int64)
-        raw = entries["raw_length"].astype(np.int64)
-        current: _Request | None = None
-        for k in np.lexsort((offset, shard)).tolist():
-            b, s, o, n = blocks[k], int(shard[k]), int(offset[k]), int(length[k])
-            path = self._paths[s]
-            if current is not None and current.path == path and self._joins(current, o, n):
-                current.blocks.append((b, o - current.start, n))
-                current.costs.append(int(raw[k]))
-                current.length = o + n - current.start
-                continue
-            if current is not None:
-                yield current
-            current = _Request(path, o, n, [(b, 0, n)], [int(raw[k])], chunk)
-        if current is not None:
-            yield current
-
-    def _joins(self, current: _Request, offset: int, length: int) -> bool:
-        """Whether the block at ``offset`` of ``current``'s shard goes in the same request:
-        remotely when it is adjacent and the request stays small enough; locally (a request is
-        a view of a memory map, whatever it spans) a few blocks at a time, so that each decode
-        task, lock and wake-up is paid per few blocks rather than per block."""
-        gap = offset - (current.start + current.length)
-        if self._local:
-            return gap >= 0 and len(current.blocks) < _LOCAL_BLOCKS
-        return 0 <= gap < _MAX_GAP and offset + length - current.start <= self._max_request_bytes
-
-    def _admit(self, request: _Request) -> bool:
+    def _admit(self, request: RangeRequest) -> bool:
         """Wait until ``request`` may start; False if the prefetcher was closed meanwhile."""
         with self._cond:
             while not self._stopped:
-                # The chunk the consumer waits for goes out at once, up to the maximum number of
-                # requests and whatever the budget; the limit and budget pace reading ahead.
-                if request.chunk <= self._waiting_chunk:
-                    admit = self._in_flight < self.concurrency.maximum
-                else:
-                    fits = self._held == 0 or self._held + request.cost <= self.budget_bytes
-                    admit = fits and self._in_flight < self.concurrency.limit
-                if admit:
+                if admits(
+                    request,
+                    waiting_chunk=self._waiting_chunk,
+                    in_flight=self._in_flight,
+                    held=self._held,
+                    concurrency=self.concurrency,
+                    budget_bytes=self.budget_bytes,
+                ):
                     self._in_flight += 1
                     self._held += request.cost
                     for (b, _, _), cost in zip(request.blocks, request.costs):
@@ -456,13 +602,13 @@ class Prefetcher:
                 self._cond.wait()
             return False
 
-    def _submit(self, request: _Request) -> None:
+    def _submit(self, request: RangeRequest) -> None:
         if self._io is None:
             self._queue_decode(request, None)  # the read is a memory-map slice: done there
         else:
             self._io.submit(self._run_remote, request)
 
-    def _queue_decode(self, request: _Request, data: Any) -> None:
+    def _queue_decode(self, request: RangeRequest, data: Any) -> None:
         """Decode ``request`` (read it first if ``data`` is None) on a decode thread, earliest
         chunk first: requests complete in any order, and at a cold start the windows fetched
         ahead must not hold up the first one's decoding."""
@@ -497,7 +643,7 @@ class Prefetcher:
 
     # -- pool threads -----------------------------------------------------------------------
 
-    def _run_local(self, request: _Request) -> None:
+    def _run_local(self, request: RangeRequest) -> None:
         try:
             data = self._read(request)
         except BaseException as exc:  # handed to the consumer
@@ -507,7 +653,7 @@ class Prefetcher:
         self._finish(request, 0.0, sum(n for _, _, n in request.blocks), None)
         self._decode_all(request, data)
 
-    def _run_remote(self, request: _Request) -> None:
+    def _run_remote(self, request: RangeRequest) -> None:
         began = tracing.now()  # the latency's clock is the trace's: one read of it each end
         try:
             with tracing.profiler_range("request", "read"):
@@ -520,7 +666,7 @@ class Prefetcher:
         self._queue_decode(request, data)
 
     @staticmethod
-    def _request_seconds(request: _Request, began: float, nbytes: int) -> float:
+    def _request_seconds(request: RangeRequest, began: float, nbytes: int) -> float:
         """Seconds since ``began`` (:func:`snapstore.tracing.now`); a ``request`` span when
         tracing (``bytes`` read, ``blocks`` covered)."""
         ended = tracing.now()
@@ -530,7 +676,7 @@ class Prefetcher:
             )
         return (ended - began) / 1e6
 
-    def _read(self, request: _Request) -> Any:
+    def _read(self, request: RangeRequest) -> Any:
         """The request's bytes; transient errors and short reads are retried a bounded number
         of times, with exponential backoff."""
         parts: list[Any] = []
@@ -539,16 +685,19 @@ class Prefetcher:
         while have < request.length:
             if self._stopped:
                 raise RuntimeError("prefetcher closed")
+            seen = self._throttles() if self._throttles is not None else 0
             try:
                 data = self._fetch(request.path, request.start + have, request.length - have)
             except _PERMANENT:
                 raise
             except _TRANSIENT as exc:
+                self._note_throttle(seen, exc)
                 attempt += 1
                 if attempt > self._retries or getattr(exc, "errno", None) in _PERMANENT_ERRNOS:
                     raise
                 self._retried(attempt, exc)
                 continue
+            self._note_throttle(seen, None)
             size = memoryview(data).nbytes
             if size == 0:
                 attempt += 1
@@ -566,6 +715,17 @@ class Prefetcher:
             return parts[0]
         return b"".join(bytes(p) for p in parts)
 
+    def _note_throttle(self, seen: int, exc: BaseException | None) -> None:
+        """Tell the controller whether the store throttled this request (``seen``: the store's
+        throttle count before it) or answered it."""
+        now = self._throttles() if self._throttles is not None else 0
+        throttled = now > seen or (exc is not None and is_throttled(exc))
+        with self._cond:
+            if throttled:
+                self.concurrency.on_throttled()
+            elif exc is None:
+                self.concurrency.on_success()
+
     def _retried(self, attempt: int, exc: BaseException | None) -> None:
         with self._cond:
             self.stats.retries += 1
@@ -574,7 +734,7 @@ class Prefetcher:
         time.sleep(min(1.0, 0.05 * 2 ** (attempt - 1)))
 
     def _finish(
-        self, request: _Request, seconds: float, nbytes: int, error: BaseException | None
+        self, request: RangeRequest, seconds: float, nbytes: int, error: BaseException | None
     ) -> None:
         with self._cond:
             self._in_flight -= 1
@@ -599,7 +759,7 @@ class Prefetcher:
             if slot < _SAMPLE:
                 self._latencies[slot] = seconds
 
-    def _decode_all(self, request: _Request, data: Any) -> None:
+    def _decode_all(self, request: RangeRequest, data: Any) -> None:
         """Verify and decode the request's blocks: one ``decode`` span (its first ``block``,
         ``blocks``, their stored ``bytes``)."""
         view = memoryview(data) if not isinstance(data, memoryview) else data

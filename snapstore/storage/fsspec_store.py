@@ -48,6 +48,7 @@ from .retry import (
     RetryPolicy,
     classify_failure,
     http_status,
+    is_throttled,
     is_timeout,
     no_such_bucket,
     vanished_error,
@@ -232,6 +233,8 @@ class FsspecStore(Store):
         self.fs = fs
         self.root = root.rstrip("/")
         self.retry = retry if retry is not None else RetryPolicy()
+        self.throttles = 0
+        """429/503 answers seen (retried or not): the prefetcher's signal to slow down."""
         protocol = _protocol(fs)
         self.url = f"{protocol}://{self.root.lstrip('/')}" if protocol != "file" else self.root
         inner = _innermost(fs)
@@ -277,6 +280,8 @@ class FsspecStore(Store):
                 raise self._timeout_error(op, path, deadline, attempt, None) from None
             except Exception as exc:
                 kind = classify_failure(exc)
+                if kind == "transient" and is_throttled(exc):
+                    self.throttles += 1  # the prefetcher adapts to it (not exact across threads)
                 if kind == "transient" and attempt < self.retry.attempts:
                     wait = self.retry.backoff(attempt)
                     if deadline.allows(wait):

@@ -26,6 +26,7 @@ __all__ = [
     "RetryPolicy",
     "classify_failure",
     "http_status",
+    "is_throttled",
     "is_timeout",
     "no_such_bucket",
     "vanished_error",
@@ -163,6 +164,32 @@ def is_timeout(exc: BaseException) -> bool:
         return True
     names = {f"{k.__module__}.{k.__qualname__}" for k in type(exc).__mro__}
     return bool(names & _TIMEOUT_TYPES)
+
+
+# What the drivers say when a bucket throttles: gcsfs raises HttpError(code=429 or 503) once its
+# own retries (6) are spent; s3fs turns "SlowDown" and 503 into OSError(EBUSY).
+_THROTTLE_STATUSES = (429, 503)
+_THROTTLE_WORDS = ("SlowDown", "Too Many Requests", "TooManyRequests", "rateLimitExceeded")
+
+
+def is_throttled(exc: BaseException) -> bool:
+    """Whether a failure (or one it was raised from) says the store throttles: HTTP 429 or 503,
+    S3's SlowDown, or our :class:`~snapstore.errors.StoreError` translated from one of them."""
+    seen: set[int] = set()
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        if getattr(current, "throttled", False):
+            return True
+        names = {f"{k.__module__}.{k.__qualname__}" for k in type(current).__mro__}
+        if http_status(current, names) in _THROTTLE_STATUSES:
+            return True
+        if isinstance(current, OSError) and current.errno == errno.EBUSY:
+            return True
+        if any(word in str(current) for word in _THROTTLE_WORDS):
+            return True
+        current = current.__cause__ or current.__context__
+    return False
 
 
 def no_such_bucket(exc: BaseException) -> bool:
