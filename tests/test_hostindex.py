@@ -165,7 +165,7 @@ def test_body_damage_is_found_by_verify(built, index_dir: Path) -> None:
     open_reader(built)
     copy = the_copy(index_dir)
     flip(copy, hostindex.HEADER_BYTES + 10)
-    assert not hostindex.verify(copy)  # opening checks the header only (no scan of the body)
+    assert not hostindex.verify(copy)  # and opening finds it: see the planted copy below
 
 
 def test_stale_copy_of_another_index_is_refetched(built, index_dir: Path) -> None:
@@ -258,3 +258,84 @@ def test_processes_racing_to_make_the_copy(built, index_dir: Path) -> None:
     assert all(p.returncode == 0 for p in procs), [err for _, err in outs]
     assert len({out for out, _ in outs}) == 1
     assert hostindex.verify(the_copy(index_dir))  # one copy, whole; no temporary file left
+
+
+# --- trust: the copy is used only from a private directory, and only with a checked body -------
+
+
+def plant(built: tuple[Path, str], index_dir: Path) -> tuple[Path, np.ndarray[Any, Any]]:
+    """Replace the copy's offsets with others, keeping its header (magic, blocks, source size
+    and checksum, body checksum) as it was: what another user could write. Returns the copy and
+    the true offsets."""
+    reader, _ = open_reader(built)
+    copy = the_copy(index_dir)
+    data = bytearray(copy.read_bytes())
+    blocks = reader.num_blocks
+    start = hostindex.HEADER_BYTES + blocks * fmt.INDEX_DTYPE.itemsize
+    planted = reader.offsets.copy()
+    planted[1:-1] += 1  # the same total, every block's samples one off: reads go astray
+    data[start:] = planted.tobytes()
+    copy.write_bytes(bytes(data))
+    return copy, expected(built)[1]
+
+
+def test_a_planted_copy_with_a_valid_header_is_found_and_made_again(
+    built, index_dir: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    copy, offsets = plant(built, index_dir)
+    assert not hostindex.verify(copy)
+    with caplog.at_level(logging.WARNING, logger="snapstore.hostindex"):
+        reader, store = open_reader(built)
+    assert np.array_equal(reader.offsets, offsets), "the planted body was used"
+    assert index_reads(store) == 1 and "body" in caplog.text
+    assert hostindex.verify(the_copy(index_dir))  # made again
+    again, store = open_reader(built)  # and a good copy is used
+    assert index_reads(store) == 0 and np.array_equal(again.offsets, offsets)
+
+
+def test_a_directory_others_can_write_is_refused(
+    built, index_dir: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    index_dir.mkdir()
+    index_dir.chmod(0o777)
+    index, offsets = expected(built)
+    with caplog.at_level(logging.WARNING, logger="snapstore.hostindex"):
+        reader, store = open_reader(built)
+    assert reader.index_copy is None and list(index_dir.iterdir()) == []
+    assert np.array_equal(reader.index, index) and np.array_equal(reader.offsets, offsets)
+    (warning,) = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert "0o777" in warning and "chmod 700" in warning and hostindex.INDEX_DIR_ENV in warning
+    # A copy planted there (header and body both consistent) is not used either.
+    index_dir.chmod(0o700)
+    open_reader(built)
+    copy = the_copy(index_dir)
+    assert hostindex.verify(copy)
+    planted, _ = plant(built, index_dir)
+    data = bytearray(planted.read_bytes())
+    body = hostindex.CRC32C.update(bytes(data[hostindex.HEADER_BYTES :]), 0)
+    struct.pack_into("<I", data, 28, body)  # a planter rewrites the body checksum too
+    planted.write_bytes(bytes(data))
+    assert hostindex.verify(planted)
+    index_dir.chmod(0o777)
+    reader, store = open_reader(built)
+    assert index_reads(store) == 1 and reader.index_copy is None
+    assert np.array_equal(reader.offsets, offsets), "a copy from a shared directory was used"
+    assert not hostindex.exists(built[1], reader.manifest["run"])
+
+
+def test_a_directory_of_another_user_is_refused(
+    built, index_dir: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    if os.geteuid() != 0:
+        pytest.skip("needs root to give the directory to another user")
+    index_dir.mkdir(mode=0o700)
+    os.chown(index_dir, 12345, 12345)
+    with caplog.at_level(logging.WARNING, logger="snapstore.hostindex"):
+        reader, _ = open_reader(built)
+    assert reader.index_copy is None and list(index_dir.iterdir()) == []
+    assert "owned by uid 12345" in caplog.text
+
+
+def test_the_directory_is_made_private(built, index_dir: Path) -> None:
+    open_reader(built)
+    assert index_dir.stat().st_mode & 0o777 == 0o700
