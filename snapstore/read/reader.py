@@ -36,6 +36,7 @@ from ..format.schema import Schema
 from ..oldpaths import historic_name
 from ..storage import hostindex
 from ..storage.store import Store
+from . import crowd
 from .prefetch import Fetch, Prefetcher, PrefetchLimits
 
 if TYPE_CHECKING:
@@ -54,9 +55,6 @@ log = logging.getLogger(historic_name(__name__))
 
 # Decoded blocks kept for random access; 8 x 1 MiB blocks by default.
 _RANDOM_ACCESS_CACHE_BLOCKS = 8
-# Requests in flight at most against a remote store: by Little's law, 128 requests of 256 KiB
-# blocks at 50 ms each move about 650 MB/s, more than two cores decode.
-_MAX_REMOTE_REQUESTS = 128
 # A compressed block index up to this size travels with a dataset to worker processes (larger
 # ones are read there from the per-host copy or the store).
 _SHARE_INDEX_BYTES = 16 << 20
@@ -417,10 +415,13 @@ class SnapshotReader:
         budget_bytes : int
             Decoded bytes that may be held ahead of the consumer.
         max_requests : int, optional
-            Cap on requests in flight: default 128 for remote stores and twice the decode
-            threads for local ones (whose reads are memory-map slices). The prefetcher starts
-            at the cap and lowers its limit towards what Little's law says the consumer needs
-            while nobody waits.
+            Cap on requests in flight: default, for remote stores, this reader's share of a
+            host's 256 (:func:`snapstore.read.crowd.host_requests`: 128 alone, 32 for each of
+            8 ranks on a host) and twice the decode threads for local ones (whose reads are
+            memory-map slices). A remote reader among many ranks (``RANK``/``WORLD_SIZE``) also
+            waits :func:`snapstore.read.crowd.start_delay` before its first requests. The
+            prefetcher starts at the cap and lowers its limit towards what Little's law says the
+            consumer needs while nobody waits.
         fetch : callable, optional
             ``fetch(path, start, length)`` to use instead of the store's range read (to inject
             latency or faults, or to route reads elsewhere); paths are relative to the store.
@@ -442,15 +443,18 @@ class SnapshotReader:
         """
         local = self.store.local
         threads = self.decode_threads if decode_threads is None else decode_threads
+        rank, world, on_host = crowd.place()
         if max_requests is None:
-            max_requests = 2 * threads if local else _MAX_REMOTE_REQUESTS
+            max_requests = 2 * threads if local else crowd.host_requests(on_host)
         limits = PrefetchLimits(
             budget_bytes,
             max_requests=max_requests,
             initial_requests=max_requests,
             decode_threads=threads,
             max_request_bytes=8 << 20 if self.store.coalesce else 0,
+            start_delay=0.0 if local else crowd.start_delay(rank, world),
         )
+        store = self.store
         return Prefetcher(
             chunks,
             locate=lambda indices: self.locate(indices)[0],
@@ -463,6 +467,7 @@ class SnapshotReader:
             first_part=first_part,
             on_requests=None if self.guard is None else self.guard.start,
             decoders=decoders,
+            throttles=lambda: int(getattr(store, "throttles", 0)),
         )
 
     def _fetch(self, path: str, start: int, length: int) -> Any:

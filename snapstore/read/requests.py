@@ -1,0 +1,237 @@
+"""Requests as a pure function: how blocks become byte-range requests, when one may start, and
+how many may be in flight.
+
+The threaded :class:`snapstore.read.prefetch.Prefetcher` and the fleet simulator
+(:mod:`snapstore.read.fleet`) both run these, so the simulated readers cannot drift from the real
+one: :func:`form_requests` coalesces a chunk's blocks (:class:`RequestShape`), :func:`admits`
+decides whether a request may start against the byte budget and :class:`Concurrency`'s limit,
+and :class:`Concurrency` adapts that limit (Little's law; AIMD once the store throttles).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from ..format.layout import BLOCK_ALIGNMENT
+
+__all__ = [
+    "MAX_GROWN_BYTES",
+    "MAX_LEVEL",
+    "Concurrency",
+    "RangeRequest",
+    "RequestShape",
+    "admits",
+    "form_requests",
+]
+
+# Blocks this close are read in one request: the zero padding that aligns blocks, no more (a
+# larger gap would be another window's block, fetched and then thrown away).
+_MAX_GAP = BLOCK_ALIGNMENT
+# Blocks of one shard a local request holds (see RequestShape.joins).
+_LOCAL_BLOCKS = 8
+
+
+class Concurrency:
+    """How many requests to keep in flight, from what was measured (pure, not thread-safe).
+
+    Without throttling the limit follows Little's law (see the module's docstring). Once the
+    store throttles (:meth:`on_throttled`: HTTP 429 or 503) it is run as TCP runs its window:
+    halved at each throttle, one more per ``limit`` successes (:meth:`on_success`), never above
+    the estimate's doubling on a stall; and each throttle doubles the request size
+    (:attr:`level`, at most :data:`MAX_LEVEL`), so reading the same bytes costs fewer requests.
+
+    Parameters
+    ----------
+    maximum : int
+        Upper bound on the limit.
+    initial : int
+        Starting limit (clamped to ``[1, maximum]``).
+    headroom : float
+        Multiplier on the Little's-law estimate, to absorb latency variance.
+    """
+
+    def __init__(self, maximum: int, initial: int = 8, headroom: float = 2.0) -> None:
+        if maximum < 1:
+            raise ValueError(f"Concurrency: expected maximum >= 1, found {maximum}")
+        self.maximum = maximum
+        self.limit = max(1, min(initial, maximum))
+        self.headroom = headroom
+        self._latency = math.nan  # EWMA of request seconds
+        self._rate = math.nan  # EWMA of requests consumed per second
+        self._last_consumed: float | None = None
+        self.throttles = 0  # 429/503 answers seen
+        self.level = 0  # requests are 2**level times larger (see RequestShape.grown)
+        self._successes = 0
+
+    def record_latency(self, seconds: float) -> None:
+        """A request took ``seconds`` end to end."""
+        a = 0.2
+        self._latency = (
+            seconds if math.isnan(self._latency) else (1 - a) * self._latency + a * seconds
+        )
+
+    def record_consumed(self, requests: float, now: float) -> None:
+        """The consumer finished with data worth ``requests`` requests at time ``now``."""
+        if self._last_consumed is not None and now > self._last_consumed:
+            rate = requests / (now - self._last_consumed)
+            a = 0.3
+            self._rate = rate if math.isnan(self._rate) else (1 - a) * self._rate + a * rate
+        self._last_consumed = now
+
+    def target(self) -> int:
+        """Little's law with headroom: requests needed in flight to keep up (1 if unknown)."""
+        if math.isnan(self._rate) or math.isnan(self._latency):
+            return self.limit
+        return max(1, min(self.maximum, math.ceil(self._rate * self._latency * self.headroom)))
+
+    def on_stall(self, limited: bool) -> None:
+        """The consumer waited; ``limited`` says the limit (not the budget) held requests back."""
+        if limited:
+            self.limit = min(self.maximum, max(self.limit * 2, self.target()))
+
+    def on_idle(self) -> None:
+        """A chunk was consumed without waiting: drift down towards the estimate."""
+        target = self.target()
+        if target < self.limit:
+            self.limit = max(target, self.limit - max(1, self.limit // 8))
+        elif target > self.limit and not self.throttles:
+            self.limit = target
+
+    def on_throttled(self) -> None:
+        """The store answered 429 or 503: halve the limit (multiplicative decrease) and grow
+        the requests (:attr:`level`), so the same bytes cost fewer requests."""
+        self.throttles += 1
+        self._successes = 0
+        self.limit = max(1, self.limit // 2)
+        self.level = min(MAX_LEVEL, self.level + 1)
+
+    def on_success(self) -> None:
+        """A request succeeded: after a throttle, one more request in flight per ``limit``
+        successes (additive increase), up to ``maximum``; the request size stays grown."""
+        if not self.throttles:
+            return
+        self._successes += 1
+        if self._successes >= self.limit:
+            self._successes = 0
+            self.limit = min(self.maximum, self.limit + 1)
+
+
+@dataclass
+class RangeRequest:
+    """One byte range of one shard, covering whole blocks (see :func:`form_requests`)."""
+
+    path: str
+    start: int
+    length: int
+    blocks: list[tuple[int, int, int]]  # (block, offset inside the range, length)
+    costs: list[int]  # decoded bytes of each block, charged against the budget
+    chunk: int  # the first chunk that needs it
+
+    @property
+    def cost(self) -> int:
+        """Decoded bytes of its blocks: what it holds of the budget until consumed."""
+        return sum(self.costs)
+
+
+# Requests grow at most this large when the store throttles (1 Gb/s moves it in 0.5 s).
+MAX_GROWN_BYTES = 64 << 20
+# Throttle levels: each doubles the request size (8 MiB -> 64 MiB) and the gap read over.
+MAX_LEVEL = 3
+# The gap a grown request reads over at level 1 (doubling with each level): a few blocks of
+# 256 KiB, bytes fetched and thrown away to save a request when requests, not bytes, are short.
+_GROWN_GAP = 1 << 20
+
+
+@dataclass(frozen=True)
+class RequestShape:
+    """How blocks are coalesced into requests: pure settings for :func:`form_requests`.
+
+    Parameters
+    ----------
+    max_bytes : int
+        A request spans at most this many bytes (0: one block per request).
+    max_gap : int
+        Blocks at most this far apart join one request (the gap is read and dropped).
+    local : bool
+        Requests are memory-map views: join any blocks of a shard, a few at a time.
+    """
+
+    max_bytes: int
+    max_gap: int = _MAX_GAP
+    local: bool = False
+
+    def grown(self, level: int) -> RequestShape:
+        """The shape at throttle ``level`` (:attr:`Concurrency.level`): ``2**level`` times the
+        bytes (at most :data:`MAX_GROWN_BYTES`) and a gap of ``2**(level-1)`` MiB."""
+        if level <= 0 or self.local or self.max_bytes <= 0:
+            return self
+        grown = min(MAX_GROWN_BYTES, max(self.max_bytes, self.max_bytes << level))
+        return RequestShape(grown, max(self.max_gap, _GROWN_GAP << (level - 1)), self.local)
+
+    def joins(self, current: RangeRequest, offset: int, length: int) -> bool:
+        """Whether the block at ``offset`` of ``current``'s shard goes in the same request:
+        remotely when it is close and the request stays small enough; locally (a request is
+        a view of a memory map, whatever it spans) a few blocks at a time, so that each decode
+        task, lock and wake-up is paid per few blocks rather than per block."""
+        gap = offset - (current.start + current.length)
+        if self.local:
+            return gap >= 0 and len(current.blocks) < _LOCAL_BLOCKS
+        return 0 <= gap < self.max_gap and offset + length - current.start <= self.max_bytes
+
+
+def form_requests(
+    blocks: list[int],
+    chunk: int,
+    index: np.ndarray[Any, Any],
+    paths: list[str],
+    shape: RequestShape,
+) -> Iterator[RangeRequest]:
+    """Group ``blocks`` into byte-range requests: per shard, by offset, close ones merged.
+
+    A pure function of the block index: the :class:`Prefetcher` and the fleet simulator
+    (:mod:`snapstore.read.fleet`) both form their requests with it.
+    """
+    if not blocks:
+        return
+    entries = index[blocks]
+    shard = entries["shard"].astype(np.int64)
+    offset = entries["offset"].astype(np.int64)
+    length = entries["length"].astype(np.int64)
+    raw = entries["raw_length"].astype(np.int64)
+    current: RangeRequest | None = None
+    for k in np.lexsort((offset, shard)).tolist():
+        b, s, o, n = blocks[k], int(shard[k]), int(offset[k]), int(length[k])
+        path = paths[s]
+        if current is not None and current.path == path and shape.joins(current, o, n):
+            current.blocks.append((b, o - current.start, n))
+            current.costs.append(int(raw[k]))
+            current.length = o + n - current.start
+            continue
+        if current is not None:
+            yield current
+        current = RangeRequest(path, o, n, [(b, 0, n)], [int(raw[k])], chunk)
+    if current is not None:
+        yield current
+
+
+def admits(
+    request: RangeRequest,
+    *,
+    waiting_chunk: int,
+    in_flight: int,
+    held: int,
+    concurrency: Concurrency,
+    budget_bytes: int,
+) -> bool:
+    """Whether ``request`` may start now: the chunk the consumer waits for goes out at once,
+    up to the maximum number of requests and whatever the budget; the limit and the budget
+    pace reading ahead (a pure rule shared by the :class:`Prefetcher` and the simulator)."""
+    if request.chunk <= waiting_chunk:
+        return in_flight < concurrency.maximum
+    fits = held == 0 or held + request.cost <= budget_bytes
+    return fits and in_flight < concurrency.limit
