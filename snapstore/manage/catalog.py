@@ -6,6 +6,7 @@ directories, they start from a commit record.
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Callable
 from typing import Any
@@ -14,12 +15,13 @@ from ..errors import AmbiguousFingerprintError, BusyError, FormatError, Snapshot
 from ..fingerprint.digest import Fingerprint
 from ..fingerprint.explain import diff_parts
 from ..format import layout as fmt
+from ..oldpaths import historic_name
 from ..read.reader import load_manifest
-from ..storage.claims import inspect_claim
+from ..storage.claims import CLAIMS_DIR, inspect_claim
 from ..storage.listing import ListedStore, fingerprint_trees, map_concurrently, root_missing
 from ..storage.pins import last_read, list_pins, live_pins
 from ..storage.store import Store, StoreLike, as_store
-from ..write.partitions import PARTS_DIR, SHARED_DIR
+from ..write.partitions import PARTS_DIR, SHARED_DIR, remove_listed_claims
 from .release import PartitionRelease, partitions_of, release_partitions
 from .sharing import (
     Sharing,
@@ -41,6 +43,8 @@ __all__ = [
     "resolve_fingerprint",
     "stored_fingerprint",
 ]
+
+log = logging.getLogger(historic_name(__name__))
 
 
 def describe(store: StoreLike, fingerprint: str) -> dict[str, Any]:
@@ -198,6 +202,15 @@ def remove_snapshot(
     checked before, and again after, the commit record is deleted; a reader that pinned in
     between gets the record back (see :mod:`snapstore.storage.pins`).
 
+    A job may find the snapshot gone and compute it again while it is being removed: only what
+    a listing taken while the record still stood shows is removed (runs, claim files, pins),
+    never a run, claim or record written since, and a commit record is deleted only if it is
+    the one this remover read, or names a run it removed (a concurrent remover put it back: no
+    record may outlive its files). Stores have no delete-if-unchanged, so that last check is a
+    read, then a delete: a record a new writer commits in the moment between them, after
+    another remover deleted the one read, would still go (the snapshot is then a miss, and
+    computed again; nothing wrong is ever read).
+
     Then the shared partitions the snapshot referenced go too, unless something else holds
     one: another committed snapshot references it, a claim on it or a pin on its stage is live
     (:func:`snapstore.manage.release.release_partitions`), or, without ``respect_pins``, a
@@ -216,7 +229,10 @@ def remove_snapshot(
         _refuse_if_pinned(store, fingerprint)
     refs = partitions_of(store, fingerprint)
     read = bool(refs) and not respect_pins and bool(live_pins(store, fingerprint))
-    record = store.read_bytes(commit) if store.exists(commit) else None
+    # Listed while the record stands, so no job has started computing the snapshot anew: what
+    # a job writes once the record is gone has names this listing does not show, and stays.
+    listed = store.list_tree(fingerprint)
+    record = _read_if_present(store, commit)
     if record is not None:
         store.remove_tree(commit)
     # Looked at again whether or not this remover found the record (another may have deleted
@@ -225,12 +241,11 @@ def remove_snapshot(
         if record is not None:
             store.create_if_absent(commit, record)  # a reader started meanwhile: keep it
         _refuse_if_pinned(store, fingerprint)
-    store.remove_tree(fingerprint)
+    runs = remove_listed(store, fingerprint, listed)
     # A concurrent remover that saw a reader's pin may have put the record back while this one
-    # deleted from an older listing: no record may outlive its files (its readers then stop
-    # with SnapshotRemovedError instead of finding the snapshot damaged).
-    if store.exists(commit):
-        store.remove_tree(commit)
+    # removed what it listed: no record may outlive its files (its readers then stop with
+    # SnapshotRemovedError instead of finding the snapshot damaged). A new writer's is kept.
+    _remove_record_if_ours(store, fingerprint, record, runs)
     if read:
         released = PartitionRelease(kept=dict.fromkeys(refs, "a reader holds the snapshot"))
     else:
@@ -238,6 +253,65 @@ def remove_snapshot(
     if report is not None:
         report(released)
     return freed + released.bytes
+
+
+def _read_if_present(store: Store, path: str) -> bytes | None:
+    try:
+        return store.read_bytes(path) if store.exists(path) else None
+    except FileNotFoundError:  # removed since exists() (a concurrent remover)
+        return None
+
+
+def remove_listed(store: Store, base: str, listed: dict[str, int]) -> set[str]:
+    """Remove what ``listed`` (a :meth:`Store.list_tree` of ``base``) shows under ``base``,
+    never anything written since: each run directory whole (an attempt never writes into
+    another's), claim files one by one, claim files last (see
+    :func:`snapstore.write.partitions.remove_listed_claims`), every other file by name except
+    ``base``'s commit record (the caller's), then each listed directory if it is left empty.
+    Returns the runs removed, as paths relative to ``base``."""
+    runs: set[str] = set()
+    claimed: dict[str, list[str]] = {}
+    dirs: set[str] = set()
+    for name in listed:
+        parts = name.rstrip("/").split("/")
+        dirs.update("/".join(parts[:i]) for i in range(1, len(parts) + (name.endswith("/"))))
+        if "runs" in parts[:-1]:
+            at = parts.index("runs")
+            runs.add("/".join(parts[: at + 2]))
+        elif len(parts) >= 2 and parts[-2] == CLAIMS_DIR and not name.endswith("/"):
+            claimed.setdefault("/".join(parts[:-2]), []).append(parts[-1])
+        elif name != fmt.COMMIT_NAME and not name.endswith("/"):
+            store.remove_tree(f"{base}/{name}")
+    for run in sorted(runs):
+        store.remove_tree(f"{base}/{run}")
+    for where, names in sorted(claimed.items()):
+        remove_listed_claims(store, f"{base}/{where}" if where else base, names)
+    for path in sorted(dirs, key=lambda d: (-d.count("/"), d)):
+        store.remove_empty_dir(f"{base}/{path}")
+    store.remove_empty_dir(base)
+    return runs
+
+
+def _remove_record_if_ours(
+    store: Store, fingerprint: str, record: bytes | None, runs: set[str]
+) -> None:
+    """Delete ``fingerprint``'s commit record if it is ``record`` (the one this remover read),
+    or names a run in ``runs`` (removed: its files are gone); keep any other (a new writer's)."""
+    commit = f"{fingerprint}/{fmt.COMMIT_NAME}"
+    found = _read_if_present(store, commit)
+    if found is None:
+        return
+    if found != record:
+        try:
+            run = fmt.CommitRecord.from_bytes(found, store.join(commit)).run
+        except FormatError:
+            run = None  # not a record a writer made: verify reports it
+        if run is None or f"runs/{run}" not in runs:
+            log.info(
+                "snapstore: kept the commit record of %s: a job committed it anew", fingerprint
+            )
+            return
+    store.remove_tree(commit)
 
 
 def _refuse_if_pinned(store: Store, fingerprint: str) -> None:
