@@ -17,12 +17,12 @@ from ..fingerprint.explain import diff_parts
 from ..format import layout as fmt
 from ..oldpaths import historic_name
 from ..read.reader import load_manifest
-from ..storage.claims import CLAIMS_DIR, inspect_claim
+from ..storage.claims import inspect_claim
 from ..storage.listing import ListedStore, fingerprint_trees, map_concurrently, root_missing
 from ..storage.pins import last_read, list_pins, live_pins
 from ..storage.store import Store, StoreLike, as_store
-from ..write.partitions import PARTS_DIR, SHARED_DIR, remove_listed_claims
-from .release import PartitionRelease, partitions_of, release_partitions
+from ..write.partitions import PARTS_DIR, SHARED_DIR
+from .release import PartitionRelease, partitions_of, release_partitions, remove_listed
 from .sharing import (
     Sharing,
     diff_partitions,
@@ -260,36 +260,6 @@ def _read_if_present(store: Store, path: str) -> bytes | None:
         return store.read_bytes(path) if store.exists(path) else None
     except FileNotFoundError:  # removed since exists() (a concurrent remover)
         return None
-
-
-def remove_listed(store: Store, base: str, listed: dict[str, int]) -> set[str]:
-    """Remove what ``listed`` (a :meth:`Store.list_tree` of ``base``) shows under ``base``,
-    never anything written since: each run directory whole (an attempt never writes into
-    another's), claim files one by one, claim files last (see
-    :func:`snapstore.write.partitions.remove_listed_claims`), every other file by name except
-    ``base``'s commit record (the caller's), then each listed directory if it is left empty.
-    Returns the runs removed, as paths relative to ``base``."""
-    runs: set[str] = set()
-    claimed: dict[str, list[str]] = {}
-    dirs: set[str] = set()
-    for name in listed:
-        parts = name.rstrip("/").split("/")
-        dirs.update("/".join(parts[:i]) for i in range(1, len(parts) + (name.endswith("/"))))
-        if "runs" in parts[:-1]:
-            at = parts.index("runs")
-            runs.add("/".join(parts[: at + 2]))
-        elif len(parts) >= 2 and parts[-2] == CLAIMS_DIR and not name.endswith("/"):
-            claimed.setdefault("/".join(parts[:-2]), []).append(parts[-1])
-        elif name != fmt.COMMIT_NAME and not name.endswith("/"):
-            store.remove_tree(f"{base}/{name}")
-    for run in sorted(runs):
-        store.remove_tree(f"{base}/{run}")
-    for where, names in sorted(claimed.items()):
-        remove_listed_claims(store, f"{base}/{where}" if where else base, names)
-    for path in sorted(dirs, key=lambda d: (-d.count("/"), d)):
-        store.remove_empty_dir(f"{base}/{path}")
-    store.remove_empty_dir(base)
-    return runs
 
 
 def _remove_record_if_ours(

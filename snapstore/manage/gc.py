@@ -37,6 +37,17 @@ snapshot's shards point into is never garbage.
 The rules for runs and claims also apply inside each partition that is kept (a partition is a
 small snapshot of its own with runs, claims and a commit record).
 
+**Removal looks again.** Between gc's listing and its removal a job may start on a
+fingerprint. So each thing judged garbage is removed only if, by a fresh read of its
+directory's commit record and claim just before, the rules still make it garbage (nothing of
+an uncommitted fingerprint that a job now claims, never the run a record now names, no
+partition a manifest now uses), and only what a fresh listing shows: claim files one by one
+(heartbeats first, the claim last), a partition file by file, and a directory never whole:
+each of its directories only if it is empty (one step that fails once a job has put a file in
+it, on stores with directories; object stores have none to remove). A claim created after the
+fresh read is not in its listing, so it stays; one created earlier makes the read see a live
+claim. Nothing is left to a decision taken from the first listing.
+
 Never garbage: a commit record, the run it names, a partition the committed manifest uses, a
 partition ``0 .. 10**6 - 1`` of an uncommitted fingerprint (a partitioned stage's: a rerun
 resumes from it, however old), anything under a fingerprint whose commit record or manifest
@@ -60,7 +71,7 @@ from ..storage.listing import ListedStore, fingerprint_trees, map_concurrently
 from ..storage.pins import PIN_NAME, PINS_DIR, list_pins, live_pins
 from ..storage.store import Store, StoreLike, as_store
 from ..write.partitions import PARTS_DIR, SHARED_DIR, partition_dir, remove_listed_claims
-from .release import References, Removal, read_references, remove_partitions
+from .release import References, Removal, read_references, remove_listed, remove_partitions
 
 __all__ = [
     "Garbage",
@@ -121,9 +132,6 @@ class _Shared:
 
     known: References
     removals: list[Removal]
-    # The claim files listed in a kept partition whose claims are garbage, by claims directory:
-    # removed one by one (a job may be claiming it anew).
-    claims: dict[str, list[str]] = field(default_factory=dict)
 
 
 def _find(store: Store, min_age: float, now: float) -> tuple[list[Garbage], _Shared]:
@@ -262,18 +270,16 @@ def _shared_garbage(
         lambda s: _stage_garbage(listed, s, shared.known, min_age, now), stages, _SCAN_WORKERS
     )
     found: list[Garbage] = []
-    for garbage, removals, claim_files in judged:
+    for garbage, removals in judged:
         found += garbage
         shared.removals += removals
-        shared.claims.update(claim_files)
     return found
 
 
 def _stage_garbage(
     store: ListedStore, stage: str, known: References, min_age: float, now: float
-) -> tuple[list[Garbage], list[Removal], dict[str, list[str]]]:
-    """The garbage of one stage's shared partitions, the partitions to remove whole, and the
-    claim files listed in kept partitions whose claims are garbage (by claims directory)."""
+) -> tuple[list[Garbage], list[Removal]]:
+    """The garbage of one stage's shared partitions, and the partitions to remove whole."""
     base = f"{SHARED_DIR}/{stage}"
     pinned = list_pins(store, base)
     jobs = {p.owner for p in live_pins(store, base, now, names=pinned)} if pinned else set()
@@ -285,7 +291,6 @@ def _stage_garbage(
                 Garbage(f"{base}/{PINS_DIR}/{name}", "pin", "the pin of a job that is gone", 0)
             )
     removals: list[Removal] = []
-    claim_files: dict[str, list[str]] = {}
     left = False
     for name in store.list_dir(base):
         path = f"{base}/{name}"
@@ -307,15 +312,13 @@ def _stage_garbage(
             r.rsplit("/", 1)[-1] for r in known.runs if r.startswith(f"{stage}/{name}/runs/")
         )
         inner = _fingerprint_garbage(store, path, min_age, now, keep_runs=keep)
-        if any(g.kind == "claims" for g in inner):  # removed as listed, see collect_garbage
-            claim_files[f"{path}/{CLAIMS_DIR}"] = held
         # Never the directory (a job may be about to compute it), nor a live claim.
         found += [
             g for g in inner if g.kind != "directory" and not (claim_live and g.kind == "claims")
         ]
     if not left and not jobs:
         found.append(Garbage(base, "directory", "no partitions left", 0))
-    return found, removals, claim_files
+    return found, removals
 
 
 def _shared_reason(
@@ -424,11 +427,12 @@ def collect_garbage(
         return found
     whole = {r.path for r in shared.removals}
     stages = [g.path for g in found if g.kind == "directory" and g.path.startswith(SHARED_DIR)]
-    for item in found:
-        if item.path in shared.claims:
-            remove_listed_claims(store, item.path.rsplit("/", 1)[0], shared.claims[item.path])
-        elif item.path not in whole and item.path not in stages:
-            store.remove_tree(item.path)
+    recheck = _Recheck(store, now)
+    skipped = {
+        item.path
+        for item in found
+        if item.path not in whole and item.path not in stages and not recheck.remove(item)
+    }
     # Shared partitions go only if nothing holds them once their records are away (a job may
     # have started on them since the listing); their stage's directory only if left empty.
     kept = remove_partitions(store, shared.removals, shared.known, now=now)
@@ -439,7 +443,111 @@ def collect_garbage(
         store.remove_empty_dir(stage)
     if stages:
         store.remove_empty_dir(SHARED_DIR)
-    return [g for g in found if g.path not in kept]
+    return [g for g in found if g.path not in kept and g.path not in skipped]
+
+
+@dataclass
+class _State:
+    """A snapshot's (or a partition's) commit record and claim, read again at removal time."""
+
+    damaged: bool = False
+    committed_run: str | None = None
+    claim_names: list[str] = field(default_factory=list)
+    claim_live: bool = False
+
+    @property
+    def writing(self) -> bool:
+        """Not committed, and a job holds a live claim: it may be writing anything in it."""
+        return self.committed_run is None and self.claim_live
+
+
+class _Recheck:
+    """Removal that looks again first. What was judged garbage from a listing is removed only
+    if the rules still say so by a fresh read of its directory's commit record and claim (a
+    job may have claimed the fingerprint since), and only what a fresh listing shows: claim
+    files one by one, never a directory whole (a file written since the listing stays, and so
+    does the directory holding it)."""
+
+    def __init__(self, store: Store, now: float) -> None:
+        self.store, self.now = store, now
+        self._states: dict[str, _State] = {}
+
+    def state(self, where: str) -> _State:
+        """``where``'s state, read the first time one of its items is removed (its items are
+        removed one after another, claims and the directory last)."""
+        if where not in self._states:
+            self._states[where] = self._read(where)
+        return self._states[where]
+
+    def _read(self, where: str) -> _State:
+        state = _State()
+        commit = f"{where}/{fmt.COMMIT_NAME}"
+        try:
+            data = self.store.read_bytes(commit) if self.store.exists(commit) else None
+            if data is not None:
+                state.committed_run = fmt.CommitRecord.from_bytes(data, self.store.join(where)).run
+        except FileNotFoundError:
+            pass  # removed since exists() (rm): uncommitted now
+        except FormatError:
+            state.damaged = True
+            return state
+        state.claim_names = self.store.list_dir(f"{where}/{CLAIMS_DIR}")
+        claim = inspect_claim(self.store, where, state.claim_names)
+        state.claim_live = not claim.expired(self.now) if state.claim_names else False
+        return state
+
+    def remove(self, item: Garbage) -> bool:
+        """Remove ``item`` if it is still garbage; whether it was removed."""
+        store = self.store
+        if item.kind == "pin":  # a gone reader's or job's renewal file: never written again
+            store.remove_tree(item.path)
+            return True
+        if item.kind == "directory":
+            return self._remove_directory(item.path)
+        if item.kind == "run":
+            where, _, run = item.path.rsplit("/", 2)
+            state = self.state(where)
+            if state.damaged or state.writing or run == state.committed_run:
+                return False
+            store.remove_tree(item.path)  # an attempt's own directory: no other writes in it
+            return True
+        if item.kind == "claims":
+            where = item.path.rsplit("/", 1)[0]
+            state = self.state(where)
+            if state.damaged or state.writing:
+                return False
+            remove_listed_claims(store, where, state.claim_names)
+            return True
+        if item.kind == "partition":
+            return self._remove_partition(item.path)
+        raise ValueError(f"garbage of kind {item.kind!r}: expected run, claims, pin, ...")
+
+    def _remove_partition(self, path: str) -> bool:
+        """A partition of ``<fp>/parts``: still unused by the committed manifest, or still a
+        Ray Data job's under an uncommitted fingerprint that no job claims."""
+        fp, _, name = path.rsplit("/", 2)
+        state = self.state(fp)
+        if state.damaged or state.writing:
+            return False
+        if state.committed_run is not None:
+            try:
+                if name in _used_partitions(load_manifest(self.store, fp)):
+                    return False
+            except (FormatError, FileNotFoundError):
+                return False
+        elif not _job_partition(name):
+            return False  # a partitioned stage's, under a snapshot removed since: a rerun's
+        remove_listed(self.store, path, self.store.list_tree(path), record=True)
+        return True
+
+    def _remove_directory(self, path: str) -> bool:
+        """``path`` only if a fresh listing shows no file in it; its directories one by one,
+        each only if empty (a job's file written meanwhile keeps them)."""
+        listed = self.store.list_tree(path)
+        if any(not name.endswith("/") for name in listed):
+            return False
+        remove_listed(self.store, path, listed)
+        return True
 
 
 @dataclass(frozen=True)

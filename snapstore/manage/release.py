@@ -59,6 +59,7 @@ __all__ = [
     "partitions_of",
     "read_references",
     "release_partitions",
+    "remove_listed",
     "remove_partitions",
 ]
 
@@ -242,6 +243,40 @@ def _take(store: Store, removal: Removal) -> tuple[Any, bytes | None, str | None
     if record is not None:
         store.remove_tree(commit)
     return claim, record, None
+
+
+def remove_listed(
+    store: Store, base: str, listed: dict[str, int], *, record: bool = False
+) -> set[str]:
+    """Remove what ``listed`` (a :meth:`Store.list_tree` of ``base``) shows under ``base``,
+    never anything written since: each run directory whole (an attempt never writes into
+    another's), claim files one by one, heartbeats first and the claims last (see
+    :func:`snapstore.write.partitions.remove_listed_claims`), every other file by name, then
+    each listed directory if it is left empty. ``base``'s own commit record is the caller's,
+    unless ``record``: then it goes first. Returns the runs removed, relative to ``base``."""
+    if record and fmt.COMMIT_NAME in listed:
+        store.remove_tree(f"{base}/{fmt.COMMIT_NAME}")
+    runs: set[str] = set()
+    claimed: dict[str, list[str]] = {}
+    dirs: set[str] = set()
+    for name in listed:
+        parts = name.rstrip("/").split("/")
+        dirs.update("/".join(parts[:i]) for i in range(1, len(parts) + (name.endswith("/"))))
+        if "runs" in parts[:-1]:
+            at = parts.index("runs")
+            runs.add("/".join(parts[: at + 2]))
+        elif len(parts) >= 2 and parts[-2] == CLAIMS_DIR and not name.endswith("/"):
+            claimed.setdefault("/".join(parts[:-2]), []).append(parts[-1])
+        elif name != fmt.COMMIT_NAME and not name.endswith("/"):
+            store.remove_tree(f"{base}/{name}")
+    for run in sorted(runs):
+        store.remove_tree(f"{base}/{run}")
+    for where, names in sorted(claimed.items()):
+        remove_listed_claims(store, f"{base}/{where}" if where else base, names)
+    for path in sorted(dirs, key=lambda d: (-d.count("/"), d)):
+        store.remove_empty_dir(f"{base}/{path}")
+    store.remove_empty_dir(base)
+    return runs
 
 
 def _remove_listed(store: Store, removal: Removal, claim: claims.Claim) -> None:
