@@ -140,8 +140,9 @@ def exists(fingerprint: str, run: str) -> bool:
 def cached(fingerprint: str, run: str, entry: Mapping[str, Any]) -> Path | None:
     """The path of a valid copy of the index ``entry`` (the manifest's ``index``) names, or None.
 
-    Valid: the header matches ``entry``'s size and checksum and the file its own size. A copy
-    that is not is removed (and None returned). Costs one open and one 64-byte read.
+    Valid: in a private directory, the header matches ``entry``'s size and checksum, the file
+    its own size and the body its CRC-32C. A copy that is not is removed (and None returned).
+    Costs an open and a 64-byte read, and a scan of the copy the first time in a process.
     """
     found = load(fingerprint, run, entry)
     return None if found is None else found.path
