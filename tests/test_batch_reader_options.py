@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 import snapstore
-from snapstore.format.plan import PlanOptions
+from snapstore.format.plan import ORDER_VERSION, PlanOptions
 from snapstore.read.prefetch import PrefetchLimits
 from snapstore.read.reader import SnapshotReader
 from snapstore.storage.store import Store
@@ -51,12 +51,14 @@ def same(a: list[dict[str, Any]], b: list[dict[str, Any]]) -> None:
 
 def former_call(reader: SnapshotReader, options: snapstore.ReaderOptions, **place: Any) -> Any:
     """The reader ``Snapshot.batches()`` made before issue 17: the order as a PlanOptions, the
-    window and read-ahead sized by the caller, the rest as keywords."""
+    window and read-ahead sized by the caller, the rest as keywords (and the order version,
+    which a PlanOptions made without one sets to 1, the order before versions)."""
     blocks = options.window_blocks or reader.window_blocks(options.window_bytes)
     window = int(reader.manifest["raw_bytes"]) / max(1, reader.num_blocks) * blocks
     ahead = 2 if reader.store.local else 4
     budget = options.prefetch_bytes or max(ahead * 32 << 20, int(ahead * window))
-    plan = PlanOptions(bool(options.shuffle), options.seed, blocks, options.drop_last)
+    version = options.order_version or ORDER_VERSION
+    plan = PlanOptions(bool(options.shuffle), options.seed, blocks, options.drop_last, version)
     return snapstore.BatchReader(
         reader,
         16,
@@ -75,6 +77,7 @@ def former_call(reader: SnapshotReader, options: snapstore.ReaderOptions, **plac
         {},
         {"shuffle": True, "seed": 3, "window_bytes": 900},
         {"shuffle": True, "window_blocks": 2, "drop_last": True, "ragged": "packed"},
+        {"shuffle": True, "window_blocks": 20, "order_version": 1},
         {"decode_threads": 1, "max_requests": 2, "prefetch_bytes": 1 << 16, "ragged": "pad"},
     ],
 )

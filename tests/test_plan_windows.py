@@ -19,6 +19,7 @@ from snapstore.format.plan import (
     derive_key,
     permute,
     unpermute_one,
+    window_layout,
     window_permutation,
 )
 
@@ -31,8 +32,11 @@ def reference_order(rows: list[int], options: PlanOptions, epoch: int) -> np.nda
     if options.shuffle:
         order = permute(order, blocks, derive_key(options.seed, epoch, BLOCK_DOMAIN))
     parts = []
-    for w, lo in enumerate(range(0, blocks, options.window_blocks)):
-        members = order[lo : lo + options.window_blocks]
+    ramp = window_layout(options.window_blocks, options.order_version)
+    starts = [*ramp[:-1], *range(ramp[-1], blocks, options.window_blocks)]
+    for w, lo in enumerate(s for s in starts if s < blocks):
+        hi = starts[w + 1] if w + 1 < len(starts) else blocks
+        members = order[lo:hi]
         samples = np.concatenate(
             [np.arange(offsets[b], offsets[b + 1]) for b in members] + [np.zeros(0, np.int64)]
         )
@@ -65,18 +69,19 @@ block_rows = st.one_of(
     shuffle=st.booleans(),
     seed=st.integers(0, 2**64),
     epoch=st.integers(0, 5),
-    window_blocks=st.integers(1, 12),
+    window_blocks=st.integers(1, 40),  # the ramp (version 2) starts at 16 blocks
     drop_last=st.booleans(),
     world=st.integers(1, 4),
     workers=st.integers(1, 3),
     shared=st.booleans(),
+    version=st.sampled_from([1, 2]),
     data=st.data(),
 )
 def test_chunks_equal_the_reference(
-    rows, shuffle, seed, epoch, window_blocks, drop_last, world, workers, shared, data
+    rows, shuffle, seed, epoch, window_blocks, drop_last, world, workers, shared, version, data
 ) -> None:
     options = PlanOptions(shuffle=shuffle, seed=seed, window_blocks=window_blocks)
-    options = PlanOptions(**{**options.__dict__, "drop_last": drop_last})
+    options = PlanOptions(**{**options.__dict__, "drop_last": drop_last, "order_version": version})
     order = reference_order(rows, options, epoch)
     rank, worker = data.draw(st.integers(0, world - 1)), data.draw(st.integers(0, workers - 1))
     place = {"rank": rank, "world_size": world, "worker": worker, "num_workers": workers}
@@ -143,7 +148,10 @@ def test_small_scan_chunks_give_the_same_order(monkeypatch: pytest.MonkeyPatch) 
         rows = rng.integers(0, 6, blocks) if case % 2 else np.full(blocks, 4)
         rows[-1] = int(rng.integers(0, 9))
         options = PlanOptions(
-            shuffle=case % 3 > 0, seed=case, window_blocks=int(rng.integers(1, 9))
+            shuffle=case % 3 > 0,
+            seed=case,
+            window_blocks=int(rng.integers(1, 40)),
+            order_version=1 + case % 2,
         )
         order = reference_order(rows.tolist(), options, epoch=case)
         for rank in range(3):

@@ -11,6 +11,7 @@ finished batches to the consumer through a bounded queue (:mod:`snapstore.format
 from __future__ import annotations
 
 import collections
+import dataclasses
 import hashlib
 import logging
 import operator
@@ -22,7 +23,7 @@ import numpy as np
 from .. import tracing
 from ..errors import ResumeError
 from ..format.handoff import Handoff
-from ..format.plan import EpochPlan, PlanOptions
+from ..format.plan import ORDER_VERSION, EpochPlan, PlanOptions, check_order_version
 from ..format.ragged import FORMS, check_form
 from ..oldpaths import historic_name
 from .assemble import Allocate, BatchBuilder, chunk_rows, cut_rows
@@ -37,7 +38,7 @@ log = logging.getLogger(historic_name(__name__))
 STATE_VERSION = 1
 # What a state must agree on with the reader it is restored into, besides the snapshot. The
 # partition is compared as (consumer, consumers): 2 ranks of 2 workers read what 4 ranks of 1 do.
-_ORDER_KEYS = ("epoch", "seed", "shuffle", "window_blocks", "drop_last")
+_ORDER_KEYS = ("epoch", "seed", "shuffle", "window_blocks", "drop_last", "order_version")
 RAGGED_FORMS = FORMS
 # Finished batches the assembler thread may hold ahead of the consumer: one being taken while
 # the next waits covers the consumer's jitter; more would only add memory.
@@ -46,7 +47,7 @@ _READY_BATCHES = 2
 # default it had then, kept so that such a reader reads as it did.
 _FORMER_PREFETCH_BYTES = 64 << 20
 # The ReaderOptions fields that fix the order: a PlanOptions gives them all.
-_ORDER_SETTINGS = ("shuffle", "seed", "drop_last", "window_bytes", "window_blocks")
+_ORDER_SETTINGS = ("shuffle", "seed", "drop_last", "window_bytes", "window_blocks", "order_version")
 
 
 def _consumer(state: dict[str, Any]) -> tuple[Any, Any]:
@@ -110,7 +111,9 @@ class BatchReader:
     Attributes
     ----------
     options : PlanOptions
-        The order: shuffle, seed, window in blocks, drop_last (what a resume state must match).
+        The order: shuffle, seed, window in blocks, drop_last and order version (what a resume
+        state must match; a state of another order version is followed when
+        ``settings.order_version`` is None).
     settings : ReaderOptions
         The options as given, keywords applied; a field left None is chosen when reading
         (``options.window_blocks``, :attr:`prefetch_bytes`, the reader's threads and requests).
@@ -219,6 +222,7 @@ class BatchReader:
             "shuffle": int(options.shuffle),
             "window_blocks": int(options.window_blocks),
             "drop_last": int(options.drop_last),
+            "order_version": int(options.order_version),
             "rank": plan.rank,
             "world_size": plan.world_size,
             "worker": plan.worker,
@@ -232,7 +236,9 @@ class BatchReader:
         The reader must read the same snapshot in the same order (epoch, seed, shuffle, window,
         drop_last) as the same consumer: the same ``rank * num_workers + worker`` out of the
         same ``world_size * num_workers``, however that total is split into ranks and workers.
-        Only the position is taken from the state. Nothing before it is fetched or decoded.
+        The position is taken from the state, and its order version (1 when it has none, as a
+        state saved before order versions) when ``settings.order_version`` is None: the reader
+        then reads that order from here on. Nothing before the position is fetched or decoded.
 
         Raises
         ------
@@ -242,7 +248,14 @@ class BatchReader:
         """
         if not isinstance(state, dict):
             raise ResumeError(f"expected a state dict from get_state(), found {type(state)}")
+        state = {"order_version": 1, **state}  # saved before order versions: the order then
+        try:
+            version = check_order_version(state["order_version"], "resume state order_version")
+        except ValueError as exc:
+            raise ResumeError(f"{exc}: this snapstore cannot continue that order") from exc
         mine = self.get_state()
+        if self.settings.order_version is None:  # the reader follows the state's order
+            mine["order_version"] = version
         missing = sorted(set(mine) - set(state))
         if missing:
             raise ResumeError(
@@ -282,6 +295,9 @@ class BatchReader:
             )
         if self._prefetcher is not None:
             raise ResumeError("set_state() while a pass is running; call it before iterating")
+        if version != self.options.order_version:
+            self.options = dataclasses.replace(self.options, order_version=version)
+            self.plan = self._plan(self.plan.epoch)
         self._start = self._position = position
 
     # -- iteration --------------------------------------------------------------------------
@@ -427,8 +443,10 @@ def _order_and_settings(
             drop_last=bool(options.drop_last),
             window_blocks=options.window_blocks,
             prefetch_bytes=_FORMER_PREFETCH_BYTES,
+            order_version=options.order_version,
         )
         return options, former.replace(**settings)
     read = reader_options(options, settings)
     blocks = read.window_blocks or reader.window_blocks(read.window_bytes)
-    return PlanOptions(bool(read.shuffle), read.seed, blocks, read.drop_last), read
+    version = ORDER_VERSION if read.order_version is None else read.order_version
+    return PlanOptions(bool(read.shuffle), read.seed, blocks, read.drop_last, version), read

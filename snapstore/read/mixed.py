@@ -26,7 +26,7 @@ import numpy as np
 from .. import tracing
 from ..errors import ResumeError
 from ..format.handoff import Handoff
-from ..format.plan import EpochPlan, PlanOptions, derive_key
+from ..format.plan import ORDER_VERSION, EpochPlan, PlanOptions, check_order_version, derive_key
 from ..format.ragged import check_form
 from ..format.schema import Schema
 from .assemble import Allocate, BatchBuilder, chunk_rows, cut_rows, interleave
@@ -39,7 +39,7 @@ from .reader import SnapshotReader
 __all__ = ["MixedBatchReader", "SourceSlice", "source_chunks"]
 
 STATE_VERSION = 1
-_ORDER_KEYS = ("mixture", "epoch", "seed", "shuffle", "drop_last", "unit")
+_ORDER_KEYS = ("mixture", "epoch", "seed", "shuffle", "drop_last", "unit", "order_version")
 _READY_BATCHES = 2
 SPAN_ROWS = 4096  # rows put in schedule order at once: the index work is spread over batches
 # A source's read-ahead never drops below this, however small its share: enough for a few
@@ -123,6 +123,7 @@ class MixedBatchReader:
                 f"homogeneous batches of {self.batch_size}: no source has that many samples per "
                 "epoch; use a smaller batch or more samples per epoch"
             )
+        self.order_version = settings.order_version or ORDER_VERSION  # each source's EpochPlan's
         self.plans = [self._source_plan(i) for i in range(len(self.sources))]
         consumers = operator.index(world_size) * operator.index(num_workers)
         consumer = operator.index(rank) * operator.index(num_workers) + operator.index(worker)
@@ -154,7 +155,7 @@ class MixedBatchReader:
         blocks = read.window_blocks or source.reader.window_blocks(
             max(1, int(read.window_bytes * source.share))
         )
-        return PlanOptions(bool(read.shuffle), seed, blocks, False)
+        return PlanOptions(bool(read.shuffle), seed, blocks, False, self.order_version)
 
     @property
     def reader(self) -> MixedBatchReader:
@@ -194,6 +195,7 @@ class MixedBatchReader:
             "shuffle": int(bool(read.shuffle)),
             "drop_last": int(read.drop_last),
             "unit": self.unit,
+            "order_version": self.order_version,
             **self._place,
             "position": self._position,
         }
@@ -204,7 +206,8 @@ class MixedBatchReader:
         return state
 
     def set_state(self, state: dict[str, int]) -> None:
-        """Continue from ``state`` (from :meth:`get_state`) on the next pass.
+        """Continue from ``state`` (from :meth:`get_state`) on the next pass, in its order
+        version (1 when it has none) when ``settings.order_version`` is None.
 
         Raises
         ------
@@ -213,7 +216,14 @@ class MixedBatchReader:
         """
         if not isinstance(state, dict):
             raise ResumeError(f"expected a state dict from get_state(), found {type(state)}")
+        state = {"order_version": 1, **state}  # saved before order versions: the order then
+        try:
+            version = check_order_version(state["order_version"], "resume state order_version")
+        except ValueError as exc:
+            raise ResumeError(f"{exc}: this snapstore cannot continue that order") from exc
         mine = self.get_state()
+        if self.settings.order_version is None:  # the reader follows the state's order
+            mine["order_version"] = version
         missing = sorted(set(mine) - set(state))
         if missing:
             raise ResumeError(f"resume state is missing {missing}; pass what get_state() returned")
@@ -246,6 +256,9 @@ class MixedBatchReader:
             )
         if self._handoff is not None:
             raise ResumeError("set_state() while a pass is running; call it before iterating")
+        if version != self.order_version:
+            self.order_version = version
+            self.plans = [self._source_plan(i) for i in range(len(self.sources))]
         self._start = self._position = position
 
     # -- iteration --------------------------------------------------------------------------

@@ -15,6 +15,7 @@ from typing import Any, TypedDict
 
 import numpy as np
 
+from ..format.plan import check_order_version
 from ..format.ragged import FORMS
 
 __all__ = ["ReaderOptions", "ReaderSettings", "reader_options"]
@@ -32,6 +33,7 @@ class ReaderSettings(TypedDict, total=False):
     max_requests: int | None
     decode_threads: int | None
     ragged: str
+    order_version: int | None
 
 
 @dataclass(frozen=True)
@@ -39,8 +41,9 @@ class ReaderOptions:
     """How a snapshot is read: order, shuffle window, read-ahead and threads, batch form.
 
     None of these change which samples a consumer gets over an epoch except ``shuffle``,
-    ``seed``, ``window_bytes``/``window_blocks`` and ``drop_last``, which fix the order (a
-    resume state must agree on them); the others change memory, requests and threads only.
+    ``seed``, ``window_bytes``/``window_blocks``, ``drop_last`` and ``order_version``, which fix
+    the order (a resume state must agree on them); the others change memory, requests and
+    threads only.
 
     Parameters
     ----------
@@ -76,13 +79,21 @@ class ReaderOptions:
         ``<name>_lengths``, or packed: every sample's values in one flat array with
         ``<name>_offsets`` (and ``<name>_shapes`` for fields of more than one dimension). A
         form that would add a field the snapshot already has is refused when reading starts.
+    order_version : {1, 2}, optional
+        How a shuffled epoch's windows are laid out (see docs/format.md, "Order versions"): 2
+        starts each epoch with small windows that grow (16, 32, 64 blocks, then the window) so
+        that the first batch waits for a few blocks, not most of a window; 1 is the order
+        before it, windows of the full size from the start. None: the latest (2), or the
+        version of a resume state given to ``set_state`` (a state without one is version 1),
+        so that a checkpoint resumes in the order it was saved in.
 
     Raises
     ------
     TypeError
         If ``shuffle``, ``drop_last`` or ``seed`` has the wrong type.
     ValueError
-        If a size or count is below 1, or ``ragged`` is not a known form.
+        If a size or count is below 1, ``ragged`` is not a known form or ``order_version`` not
+        a known version.
 
     Examples
     --------
@@ -105,6 +116,7 @@ class ReaderOptions:
     max_requests: int | None = None
     decode_threads: int | None = None
     ragged: str = "list"
+    order_version: int | None = None
 
     def __post_init__(self) -> None:
         for name in ("shuffle", "drop_last"):
@@ -134,6 +146,8 @@ class ReaderOptions:
                 raise ValueError(f"{name}: expected an int >= 1, found {value}")
         if self.ragged not in FORMS:
             raise ValueError(f"ragged: expected one of {FORMS}, found {self.ragged!r}")
+        if self.order_version is not None:
+            object.__setattr__(self, "order_version", check_order_version(self.order_version))
 
     def replace(self, **changes: Any) -> ReaderOptions:
         """A copy with ``changes`` applied (and validated), e.g. ``options.replace(seed=2)``."""
