@@ -360,10 +360,12 @@ def golden_values() -> dict:
 
 
 def test_golden_orders() -> None:
-    """The stored orders are part of the on-disk format's contract.
+    """The stored orders (order version 1, what a PlanOptions orders by default) are part of
+    the format's contract.
 
     A change to any of these values (permutation, key derivation, windowing) changes the order
-    every existing snapshot is read in and requires a format version bump.
+    every existing snapshot is read in: it needs a new order version (docs/format.md, section
+    14), with this one kept.
     """
     assert json.loads(GOLDEN.read_text()) == golden_values()
 
