@@ -3,9 +3,11 @@
 Targets, one run:
 
 - **off**: tracing off, the read's throughput within 1% of a build without the tracing hooks.
-  The baseline is a ``git worktree`` of the newest commit whose reader has no hooks
-  (``--baseline`` to name another), read in a child process whose ``PYTHONPATH`` is that
-  worktree; the current build is this checkout (its working tree).
+  The baseline is a ``git worktree`` of the commit before the first that hooked the reader
+  (``bd4a8e8``; ``--baseline`` to name another), read in a child process whose
+  ``PYTHONPATH`` is that worktree; the current build is this checkout's working tree, or
+  ``--current COMMIT`` (the commit that added the hooks, to compare the hooks alone: later
+  commits change the reader too).
 - **on**: tracing on (``$SNAPSTORE_TRACE``) at most 5% slower than off.
 - **verdicts**: the four staged scenarios, each read or written inside ``snapstore.trace``:
   a slow stage function (2 ms per sample: ``stage-code``), a slow bucket (50 ms first byte, one
@@ -20,19 +22,25 @@ Targets, one run:
 Reads are the tok workload of bench_format.py (200,000 samples), shuffled, batches of 256,
 every byte copied by the consumer (``touch``), one reader per process, warm page cache.
 
-- off: ``--pairs`` pairs of child processes, the baseline's and the current build's in
-  alternating order, each reading ``--epochs`` epochs and keeping its fastest; the figure is
-  the median of the pairs' ratios (their range beside it), in samples per CPU-second, which a
-  busy machine distorts far less than wall time (both printed). Beside it, the hooks' cost by
-  count: the spans an epoch records times the cost of one ``tracing.span`` call while off.
-- on: 3 processes, each a warm-up epoch then ``--pairs`` pairs of epochs, off and on (a
-  ``snapstore.trace`` block around the epoch, entered and left outside the timing) in
-  alternating order, the same reader and page cache for both; the median of the pairs'
-  ratios, per CPU-second (samples/s beside it).
+- off: ``--pairs`` rounds of three child processes in alternating order: the baseline, the
+  current build, and the baseline again from a second worktree (a control: the same build
+  measured twice), each reading ``--epochs`` epochs. The figure is the fastest epoch of all the
+  current build's against the baseline's (the least disturbed of each: a busy machine only
+  slows runs down), in samples/s (per CPU-second beside it); the control's, the same figure
+  between two copies of the baseline, is the noise floor. Beside them, the hooks' cost by
+  count: the spans an epoch records times the cost of one ``tracing.span`` while off.
+- on: 3 processes, each a warm-up epoch then ``--pairs`` rounds of three epochs, off, on (a
+  ``snapstore.trace`` block around the epoch, entered and left outside the timing) and off
+  again (the control), in alternating order, with the same reader and page cache; per process
+  the fastest epoch on against the fastest off, the median of the 3; and the cost by count of
+  recording (each span recorded and appended to the part).
 
-Exits 1 on a MISS.
+A figure short of its goal is marked NOISE, not MISS, when its control differs from 1 by more
+than the goal allows (on a busy machine an A/A comparison cannot resolve 1%). Exits 1 on a
+MISS.
 
-    python benchmarks/bench_trace.py                # tok 200,000 samples, 7 pairs of 5 epochs
+    python benchmarks/bench_trace.py                # tok 200,000 samples, 7 rounds of 5 epochs
+    python benchmarks/bench_trace.py --current 43b6a4a    # the hooks alone, against bd4a8e8
     python benchmarks/bench_trace.py --scale 0.1 --pairs 3 --epochs 3    # a quick run
 """
 
@@ -107,10 +115,11 @@ def child_read(root: str, fingerprint: str, epochs: int) -> dict[str, Any]:
 
 
 def child_onoff(root: str, fingerprint: str, pairs: int, trace: str) -> dict[str, Any]:
-    """In one process, one reader: a warm-up epoch, then ``pairs`` pairs of epochs, off and on
-    (inside ``snapstore.trace``, entered and left outside the timing) in alternating order.
-    Each epoch's wall and CPU seconds by mode, the spans an epoch records, and the cost of one
-    ``tracing.span`` while off and while on (recorded, then appended to the part)."""
+    """In one process, one reader: a warm-up epoch, then ``pairs`` rounds of epochs off, on
+    (inside ``snapstore.trace``, entered and left outside the timing) and off again (a
+    control), in alternating order. Each epoch's wall and CPU seconds by mode, the spans an
+    epoch records, and the cost of one ``tracing.span`` while off and while on (recorded, then
+    appended to the part)."""
     import snapstore
     from snapstore import tracing
 
@@ -127,16 +136,17 @@ def child_onoff(root: str, fingerprint: str, pairs: int, trace: str) -> dict[str
         return time.perf_counter() - t, time.process_time() - c
 
     epoch(0)
-    timed: dict[str, list[tuple[float, float]]] = {"off": [], "on": []}
-    spans = 0
+    timed: dict[str, list[tuple[float, float]]] = {"off": [], "on": [], "control": []}
+    spans, number = 0, 0
     for k in range(pairs):
-        for mode in ("off", "on") if k % 2 == 0 else ("on", "off"):
+        for mode in list(timed) if k % 2 == 0 else list(timed)[::-1]:
+            number += 1
             if mode == "on":
                 with snapstore.trace(f"{trace}-{k}.json"):
-                    timed[mode].append(epoch(1 + 2 * k + 1))
+                    timed[mode].append(epoch(number))
                 spans = sum(1 for e in tracing.read_events(f"{trace}-{k}.json") if e["ph"] == "X")
             else:
-                timed[mode].append(epoch(1 + 2 * k))
+                timed[mode].append(epoch(number))
     reader.close()
     return {"timed": timed, "spans": spans, **span_costs(f"{trace}-costs.json")}
 
@@ -244,19 +254,20 @@ def run_child(
 
 
 def hookless_commit() -> str | None:
-    """The newest commit whose reader has no tracing hooks (no module of snapstore/read or
-    snapstore/format names snapstore.tracing), or None outside a git checkout."""
+    """The parent of the first commit that named snapstore.tracing in the reader (a module of
+    snapstore/read or snapstore/format), or None outside a git checkout."""
     git = ["git", "-C", str(REPO)]
-    log = subprocess.run([*git, "log", "--format=%H", "-50"], capture_output=True, text=True)
-    for commit in log.stdout.split():
-        found = subprocess.run(
-            [*git, "grep", "-l", "tracing", commit, "--", "snapstore/read", "snapstore/format"],
-            capture_output=True,
-            text=True,
-        )
-        if found.returncode == 1:  # git grep: nothing found
-            return commit
-    return None
+    found = subprocess.run(
+        [*git, "log", "--reverse", "-S", "tracing", "--format=%H", "--",
+         "snapstore/read", "snapstore/format"],
+        capture_output=True,
+        text=True,
+    )  # fmt: skip
+    first = found.stdout.split()[:1]
+    if found.returncode != 0 or not first:
+        return None
+    parent = subprocess.run([*git, "rev-parse", f"{first[0]}^"], capture_output=True, text=True)
+    return parent.stdout.strip() or None
 
 
 def worktree(commit: str, where: Path) -> Path:
@@ -282,36 +293,62 @@ def spread(ratios: list[float]) -> str:
     return f"median {statistics.median(ratios):.3f} [{min(ratios):.3f}-{max(ratios):.3f}]"
 
 
-def check_off(read: dict[str, Any], pairs: int, commit: str, tmp: Path) -> list[tuple[str, ...]]:
-    """Tracing off against the build of ``commit``: ``pairs`` pairs of child processes in
-    alternating order; the rows (the fastest epoch of all against the fastest, and the pairs'
-    ratios)."""
-    tree = worktree(commit, tmp / "baseline")
-    got: dict[str, list[dict[str, Any]]] = {"without": [], "with": []}
+def judge(ratio: float, goal: float, control: float) -> str:
+    """PASS at or above ``goal``; below it, NOISE when the same build measured twice
+    (``control``, a ratio that should be 1) differs from itself by more than the goal allows:
+    the measurement cannot tell the goal met from missed; else MISS."""
+    if ratio >= goal:
+        return "PASS"
+    return "NOISE" if abs(1 - control) > 1 - goal else "MISS"
+
+
+def check_off(
+    read: dict[str, Any], pairs: int, commit: str, current: str | None, tmp: Path
+) -> list[tuple[str, ...]]:
+    """Tracing off against the build of ``commit`` (the current one: this working tree, or the
+    commit ``current``), and, as a control, ``commit`` against a second copy of itself: child
+    processes in alternating order, ``pairs`` of each; the fastest epoch of each side against
+    the baseline's. The rows."""
+    trees = [worktree(commit, tmp / "baseline"), worktree(commit, tmp / "control")]
+    got: dict[str, list[dict[str, Any]]] = {"without": [], "with": [], "control": []}
     try:
-        sides = {"without": {"build": tree}, "with": {}}
+        sides: dict[str, dict[str, Any]] = {
+            "without": {"build": trees[0]},
+            "with": {},
+            "control": {"build": trees[1]},
+        }
+        if current is not None:
+            trees.append(worktree(current, tmp / "current"))
+            sides["with"] = {"build": trees[2]}
         module = run_child("read", **sides["without"], **read | {"epochs": 1})["module"]
-        if not module.startswith(str(tree)):
-            raise RuntimeError(f"the baseline child imported {module}, not the worktree's")
+        if not module.startswith(str(trees[0])):
+            raise RuntimeError(f"the baseline child imported {module}, not {trees[0]}'s")
         for k in range(pairs):
-            for side in ("without", "with") if k % 2 == 0 else ("with", "without"):
-                got[side].append(run_child("read", **sides[side], **read))
+            for name in list(sides) if k % 2 == 0 else list(sides)[::-1]:
+                got[name].append(run_child("read", **sides[name], **read))
     finally:
-        remove_worktree(tree)
-    print(f"baseline {commit[:12]} (no hooks); current: this working tree")
+        for tree in trees:
+            remove_worktree(tree)
+    best = {side: max(r["sps"] for r in runs) for side, runs in got.items()}
+    print(
+        f"baseline {commit[:12]} (no hooks): fastest epoch {best['without']:,.0f} samples/s; "
+        f"current ({current[:12] if current else 'this working tree'}): {best['with']:,.0f}; "
+        f"the baseline again (control): {best['control']:,.0f}"
+    )
     rows = []
     for key, label in (("sps", "samples/s"), ("cpu", "samples per CPU-second")):
-        best = max(r[key] for r in got["with"]) / max(r[key] for r in got["without"])
-        pairs_ = [a[key] / b[key] for a, b in zip(got["with"], got["without"])]
-        ok = ("PASS" if best >= 0.99 else "MISS") if key == "sps" else ""
-        rows.append((f"off / no hooks: fastest {label}", f"{best:.3f}", ">= 0.99" * bool(ok), ok))
-        rows.append((f"  pairs of processes, {label}", spread(pairs_), "", ""))
+        base = max(r[key] for r in got["without"])
+        ratio, control = (max(r[key] for r in got[side]) / base for side in ("with", "control"))
+        ok = judge(ratio, 0.99, control) if key == "sps" else ""
+        rows.append((f"off / no hooks: fastest {label}", f"{ratio:.3f}", ">= 0.99" * bool(ok), ok))
+        rows.append((f"  control: no hooks / no hooks, {label}", f"{control:.3f}", "", ""))
     return rows
 
 
 def check_on(read: dict[str, Any], pairs: int, tmp: Path) -> list[tuple[str, ...]]:
-    """Tracing on against off, epochs alternating in each of 3 processes: the rows (per
-    process, its fastest epoch on against its fastest off; the median of the 3)."""
+    """Tracing on against off, epochs alternating in each of 3 processes, with a second off
+    epoch in each round as a control: the rows (per process, its fastest epoch on against its
+    fastest off; the median of the 3)."""
     got = [
         run_child("onoff", root=read["root"], fingerprint=read["fingerprint"], pairs=pairs,
                   trace=str(tmp / f"onoff-{k}"))
@@ -319,11 +356,13 @@ def check_on(read: dict[str, Any], pairs: int, tmp: Path) -> list[tuple[str, ...
     ]  # fmt: skip
     rows = []
     for k, label in ((0, "samples/s"), (1, "samples per CPU-second")):
-        ratios = [
-            min(t[k] for t in g["timed"]["off"]) / min(t[k] for t in g["timed"]["on"]) for g in got
-        ]
-        ok = ("PASS" if statistics.median(ratios) >= 0.95 else "MISS") if k == 0 else ""
+        fastest = [{m: min(t[k] for t in g["timed"][m]) for m in g["timed"]} for g in got]
+        ratios = [f["off"] / f["on"] for f in fastest]
+        controls = [f["off"] / f["control"] for f in fastest]
+        ratio, control = statistics.median(ratios), statistics.median(controls)
+        ok = judge(ratio, 0.95, control) if k == 0 else ""
         rows.append((f"on / off: fastest {label}", spread(ratios), ">= 0.95" * bool(ok), ok))
+        rows.append((f"  control: off / off, {label}", spread(controls), "", ""))
     last = got[-1]
     epoch = min(t[0] for t in last["timed"]["off"])
     print(
@@ -382,9 +421,12 @@ EXPECTED = {
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--scale", type=float, default=1.0, help="multiply the workload sizes")
-    parser.add_argument("--pairs", type=int, default=7, help="pairs of reads per comparison")
+    parser.add_argument("--pairs", type=int, default=7, help="rounds of reads per comparison")
     parser.add_argument("--epochs", type=int, default=5, help="epochs per read (fastest kept)")
     parser.add_argument("--baseline", default=None, help="commit without hooks (default: found)")
+    parser.add_argument(
+        "--current", default=None, help="commit with hooks (default: this working tree)"
+    )
     parser.add_argument("--tmp", default=None, help="scratch directory (default: system temp)")
     parser.add_argument("--child", default=None, help=argparse.SUPPRESS)
     parser.add_argument("args", nargs="?", help=argparse.SUPPRESS)
@@ -403,7 +445,7 @@ def main() -> None:
         if commit is None:
             rows.append(("off / no hooks", "no git checkout", ">= 0.99", "SKIP"))
         else:
-            rows += check_off(read, options.pairs, commit, base)
+            rows += check_off(read, options.pairs, commit, options.current, base)
         rows += check_on(read, options.pairs, base)
         small = 20_000  # the scenarios' sizes: what their verdicts need, whatever --scale
         small_tok = run_child("write", workload="tok", n=small, root=str(base / "small"))

@@ -67,7 +67,8 @@ class Watch(Generic[T]):
 
     def __iter__(self) -> Iterator[T]:
         block = None
-        if not tracing.enabled():
+        outer = os.environ.get(tracing.ENV) if tracing.enabled() else None
+        if outer is None:  # off (or on with no path to read back): a trace of the epoch's own
             self._epochs += 1
             if not self._given:
                 folder = tempfile.mkdtemp(prefix="snapstore-trace-")
@@ -76,7 +77,7 @@ class Watch(Generic[T]):
             block = tracing.trace(self.path)
             block.__enter__()
         else:
-            self.path = Path(os.environ[tracing.ENV])
+            self.path = Path(outer)
         start = tracing.now()
         batch, failed = 0, False
         try:

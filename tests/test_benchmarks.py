@@ -177,3 +177,22 @@ def test_bench_checksum_smoke() -> None:
     assert "crc32 (zlib)" in rows and "crc32c (crc32c/ICRAR)" in rows
     assert len(rows["crc32c (crc32c/ICRAR)"].split()) == 4  # name (2 words), GB/s, GIL share
     assert "decode, crc32" in rows and "decode, crc32c" in rows
+
+
+def test_bench_trace_smoke(tmp_path: Path) -> None:
+    script = BENCH.parent / "bench_trace.py"
+    cmd = [sys.executable, str(script), "--scale", "0.01", "--pairs", "1", "--epochs", "1"]
+    out = subprocess.run(
+        [*cmd, "--tmp", str(tmp_path)], capture_output=True, text=True, timeout=600
+    )
+    rows = {line.split("  ")[0]: line.split() for line in out.stdout.splitlines() if line}
+    for scenario in (
+        "slow stage function",
+        "slow bucket",
+        "too few decode threads",
+        "slow training step",
+    ):
+        assert rows[f"verdict: {scenario}"][-1] == "PASS", out.stdout + out.stderr
+    assert rows["2 ranks x 2 workers: consumer tracks"][-1] == "PASS", out.stdout
+    assert "off / no hooks: fastest samples/s" in rows, out.stdout  # timings: not checked
+    assert list(tmp_path.iterdir()) == []  # the scratch directory and worktrees are removed

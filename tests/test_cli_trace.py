@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import get_args
 
 import numpy as np
 from click.testing import CliRunner
@@ -11,6 +12,7 @@ from click.testing import CliRunner
 import snapstore
 from snapstore import tracing
 from snapstore.cli.main import main
+from snapstore.verdict import Bottleneck
 
 
 def numbers(n: int):
@@ -58,7 +60,7 @@ def test_bench_trace_prints_the_verdict(tmp_path: Path) -> None:
     assert code == 0, out
     data = json.loads(out)
     assert data["trace"]["path"] == str(path)
-    assert data["trace"]["verdict"]["bottleneck"] in ("first-window", "decode", "cpu", "step")
+    assert data["trace"]["verdict"]["bottleneck"] in get_args(Bottleneck)  # timing decides
     assert data["trace"]["verdict"]["consumers"][0]["reader_wall"] > 0
 
 
