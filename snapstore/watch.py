@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import os
+import shutil
 import sys
 import tempfile
 from collections.abc import Callable, Iterable, Iterator
@@ -64,6 +65,7 @@ class Watch(Generic[T]):
         self.verdict: Verdict | None = None
         self._given = path is not None
         self._epochs = 0
+        self._folders: list[Path] = []  # temporary folders of the epochs' traces
 
     def __iter__(self) -> Iterator[T]:
         block = None
@@ -71,8 +73,10 @@ class Watch(Generic[T]):
         if outer is None:  # off (or on with no path to read back): a trace of the epoch's own
             self._epochs += 1
             if not self._given:
-                folder = tempfile.mkdtemp(prefix="snapstore-trace-")
-                self.path = Path(folder) / f"epoch-{self._epochs}.json"
+                # A folder per epoch; the previous epoch's goes once this one has its verdict,
+                # so the one the last verdict names is kept, and no more.
+                self._folders.append(Path(tempfile.mkdtemp(prefix="snapstore-trace-")))
+                self.path = self._folders[-1] / f"epoch-{self._epochs}.json"
             assert self.path is not None
             block = tracing.trace(self.path)
             block.__enter__()
@@ -117,6 +121,8 @@ class Watch(Generic[T]):
         self.verdict = analyze(
             self.path, bandwidth=self.bandwidth, cpus=_usable_cores(), start=start, end=end
         )
+        while len(self._folders) > 1:
+            shutil.rmtree(self._folders.pop(0), ignore_errors=True)
         if self.report is not None:
             self.report(self.verdict)
 
@@ -147,6 +153,8 @@ def watch(
         :class:`snapstore.torch.SnapshotIterableDataset`, a :class:`snapstore.BatchReader`...
     path : str or PathLike, optional
         Where to write each epoch's trace when recording is off (each epoch overwrites it).
+        Default: a new temporary folder per epoch, the previous epoch's removed once the next
+        one has its verdict (the last one stays, for the verdict names it).
     bandwidth : float, optional
         As for :func:`snapstore.verdict.analyze` (whose ``cpus`` are this process's).
     report : callable, optional

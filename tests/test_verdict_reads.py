@@ -11,6 +11,7 @@ synthetic traces.
 from __future__ import annotations
 
 import json
+import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -107,8 +108,16 @@ def test_a_slow_stage_function(tmp_path: Path) -> None:
     assert verdict.write is not None and verdict.write.stage_share > 0.5
 
 
+@pytest.fixture(autouse=True)
+def temporary(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """watch()'s temporary folders under the test's own."""
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    return tmp_path
+
+
 def test_watch_a_plain_loop(tmp_path: Path, snap: snapstore.Snapshot) -> None:
-    """watch() turns recording on for the epoch only, and its verdict is the loop's."""
+    """watch() turns recording on for the epoch only, and its verdict is the loop's; of its
+    temporary traces, the last epoch's stays."""
     reports: list[Verdict] = []
     watched = watch(snap.batches(256, window_bytes=1 << 20), report=reports.append)
     assert not tracing.enabled()
@@ -122,6 +131,11 @@ def test_watch_a_plain_loop(tmp_path: Path, snap: snapstore.Snapshot) -> None:
     assert [c.loop for c in verdict.consumers] == [True]
     assert verdict.stages["decode"].busy > 0  # the reader's spans, in the same process
     assert watched.path is not None and watched.path.is_file()
+    first = watched.path
+    for _ in watched:
+        pass
+    assert watched.path != first and watched.path.is_file() and not first.exists()
+    assert [p.name for p in tmp_path.glob("snapstore-trace-*/*.json")] == ["epoch-2.json"]
 
 
 def test_watch_inside_a_trace_keeps_recording(tmp_path: Path, snap: snapstore.Snapshot) -> None:
