@@ -51,6 +51,7 @@ from .retry import (
     is_throttled,
     is_timeout,
     no_such_bucket,
+    retry_after,
     vanished_error,
 )
 from .trees import find_tree
@@ -235,6 +236,8 @@ class FsspecStore(Store):
         self.retry = retry if retry is not None else RetryPolicy()
         self.throttles = 0
         """429/503 answers seen (retried or not): the prefetcher's signal to slow down."""
+        self.budget = self.retry.new_budget()
+        """The store's :class:`~snapstore.storage.retry.RetryBudget` (None: no budget)."""
         protocol = _protocol(fs)
         self.url = f"{protocol}://{self.root.lstrip('/')}" if protocol != "file" else self.root
         inner = _innermost(fs)
@@ -275,21 +278,27 @@ class FsspecStore(Store):
                 else:
                     result = call_with_deadline(fn, limit, stop)
                 self._silence.clear()
+                if self.budget is not None:
+                    self.budget.deposit()
                 return result
             except TryAbandoned:
                 raise self._timeout_error(op, path, deadline, attempt, None) from None
             except Exception as exc:
                 kind = classify_failure(exc)
+                why: str | None = f"RetryPolicy.attempts is {self.retry.attempts}"
                 if kind == "transient" and is_throttled(exc):
                     self.throttles += 1  # the prefetcher adapts to it (not exact across threads)
                 if kind == "transient" and attempt < self.retry.attempts:
-                    wait = self.retry.backoff(attempt)
-                    if deadline.allows(wait):
+                    wait = self.retry.delay(attempt, exc)
+                    why = self._may_retry(wait, deadline, exc)
+                    if why is None:
                         self._log_retry(op, path, attempt, exc, deadline)
                         time.sleep(wait)
                         continue
                 if kind == "transient" and (is_timeout(exc) or not deadline.allows(0.0)):
                     raise self._timeout_error(op, path, deadline, attempt, exc) from exc
+                if kind == "transient":
+                    raise self._gave_up(op, path, exc, attempt, why or "") from exc
                 if kind not in (None, "transient"):
                     self._silence.clear()  # an answer, if not the one hoped for
                 if kind is None or kind == "exists":
@@ -302,6 +311,39 @@ class FsspecStore(Store):
                     raise FileNotFoundError(errno.ENOENT, str(exc), self.join(path)) from exc
                 raise self._error(op, path, exc, kind, attempt) from exc
         raise AssertionError("unreachable: the loop returns or raises")
+
+    def _may_retry(self, wait: float, deadline: Deadline, exc: BaseException) -> str | None:
+        """Why a transient failure is not retried after ``wait`` seconds (None: it is)."""
+        hint = retry_after(exc)
+        if hint is not None and hint > self.retry.max_retry_after:
+            return f"the store asked to wait {hint:g} s, over max_retry_after"
+        if not deadline.allows(wait):
+            return f"a wait of {wait:.2f} s would pass the deadline ({deadline.describe()})"
+        if self.budget is not None and not self.budget.withdraw(is_timeout(exc)):
+            return (
+                f"the store's retry budget is spent ({self.budget.spent} retries taken, "
+                f"{self.budget.refused} refused; RetryPolicy(budget=, refill=))"
+            )
+        return None
+
+    def _gave_up(self, op: str, path: str, exc: BaseException, tries: int, why: str) -> StoreError:
+        """The error of an operation whose transient failures were not retried further."""
+        err = self._error(op, path, exc, "transient", tries)
+        names = {f"{k.__module__}.{k.__qualname__}" for k in type(exc).__mro__}
+        status = http_status(exc, names)
+        answer = f"HTTP {status}" if status is not None else type(exc).__name__
+        text = str(exc).strip().splitlines()
+        answer += f" ({text[0]})" if text else ""
+        plural = "try" if tries == 1 else "tries"
+        message = (
+            f"cannot {op} {self.join(path)}{_what(path)}: gave up after {tries} {plural} "
+            f"({why}); the last answer: {answer}; {str(err).rsplit('; ', 1)[-1]}, or "
+            "allow more with RetryPolicy(attempts=..., budget=...)"
+        )
+        gave_up = StoreError(message)
+        gave_up.errno = err.errno
+        gave_up.throttled = is_throttled(exc)  # type: ignore[attr-defined]
+        return gave_up
 
     def _error(self, op: str, path: str, exc: BaseException, kind: str, tries: int) -> StoreError:
         detail = (exc.strerror if isinstance(exc, OSError) else None) or str(exc).strip()
@@ -454,9 +496,19 @@ class FsspecStore(Store):
         self._warn_if_unsafe()
         self._makedirs(path)
         for _ in range(self.retry.attempts):
-            with contextlib.suppress(FileExistsError):
+            try:
                 self._call("commit", path, self._creator(target, data), write=True)
                 return True
+            except FileExistsError:
+                pass
+            except StoreError as exc:
+                # Given up on transient failures: the last create may have happened with its
+                # answer lost. Read back what stands: our bytes are our commit, another's
+                # record a race lost; none, the failure it was.
+                outcome = self._after_lost_answer(path, target, data, exc)
+                if outcome is None:
+                    raise
+                return outcome
             try:
                 existing = self._call("read", path, _DriverCall(self.fs, "cat_file", target))
             except FileNotFoundError:
@@ -466,6 +518,26 @@ class FsspecStore(Store):
             # writer (a run, a claim's owner), so no other writer's record is equal.
             return bytes(existing) == data
         raise vanished_error(self.join(path))
+
+    def _after_lost_answer(
+        self, path: str, target: str, data: bytes, exc: StoreError
+    ) -> bool | None:
+        """After a create that gave up on transient failures (``exc``): True if the record
+        holds ``data`` (ours, its answer lost), False if it holds another writer's record,
+        None if there is none, or it cannot be read, or ``exc`` was no transient failure."""
+        transient = isinstance(exc, StoreTimeoutError) or (
+            exc.__cause__ is not None and classify_failure(exc.__cause__) == "transient"
+        )
+        if not transient:
+            return None
+        try:
+            existing = self._call("read", path, _DriverCall(self.fs, "cat_file", target))
+        except (FileNotFoundError, StoreError):
+            return None
+        ours = bytes(existing) == data
+        if ours:
+            log.info("snapstore: %s: a create whose answer was lost had committed", self.join(path))
+        return ours
 
     def _creator(self, target: str, data: bytes) -> Callable[[], None]:
         if self._create_on_service:  # the service refuses a second one
@@ -480,9 +552,12 @@ class FsspecStore(Store):
             # reader refused it and no rerun could replace it).
             head, name = os.path.split(target)
             tmp = os.path.join(head, f".{name}.{secrets.token_hex(6)}.tmp")
-            self.fs.pipe_file(tmp, data)  # through fs: a wrapper (the simulator) sees a request
             try:
-                os.link(tmp, target)  # FileExistsError if the name is taken
+                self.fs.pipe_file(tmp, data)  # through fs: a wrapper (the simulator) sees it
+                # FileExistsError if the name is taken; through fs where it links (a wrapper
+                # that injects faults sees the commit itself)
+                link = getattr(self.fs, "link", None)
+                link(tmp, target) if link is not None else os.link(tmp, target)
             finally:
                 with contextlib.suppress(OSError):
                     os.unlink(tmp)

@@ -15,6 +15,7 @@ import math
 import os
 import random
 from dataclasses import dataclass, field
+from typing import Any
 
 from ..errors import StoreError
 
@@ -23,12 +24,14 @@ __all__ = [
     "KIND_ERRNOS",
     "KIND_HINTS",
     "STORE_TIMEOUT_ENV",
+    "RetryBudget",
     "RetryPolicy",
     "classify_failure",
     "http_status",
     "is_throttled",
     "is_timeout",
     "no_such_bucket",
+    "retry_after",
     "vanished_error",
 ]
 
@@ -115,6 +118,8 @@ def http_status(exc: BaseException, names: set[str]) -> int | None:
         code = response.get("ResponseMetadata", {}).get("HTTPStatusCode")
     elif "requests.exceptions.HTTPError" in names:  # WebHDFS: an error without RemoteException
         code = getattr(getattr(exc, "response", None), "status_code", None)
+    elif "snapstore.storage.faults.InjectedHTTPError" in names:  # the fault-injecting wrapper
+        code = getattr(exc, "status", None)
     else:
         return None
     return int(code) if isinstance(code, int | str) and str(code).isdigit() else None
@@ -198,6 +203,87 @@ def no_such_bucket(exc: BaseException) -> bool:
     return "NoSuchBucket" in text or "specified bucket does not exist" in text
 
 
+def _seconds(value: object) -> float | None:
+    if isinstance(value, int | float) and not isinstance(value, bool):
+        return float(value) if math.isfinite(value) and value >= 0 else None
+    if isinstance(value, str | bytes):
+        text = value.decode() if isinstance(value, bytes) else value
+        try:
+            return _seconds(float(text.strip()))
+        except ValueError:
+            return None  # an HTTP date: rare from buckets, and the backoff covers it
+    return None
+
+
+def retry_after(exc: BaseException) -> float | None:
+    """The seconds a failure (or one it was raised from) asks the client to wait before trying
+    again: its ``retry_after``, or the ``Retry-After`` header of the answer it carries
+    (aiohttp's ``headers``, botocore's ``ResponseMetadata.HTTPHeaders``, requests'
+    ``response.headers``); None when it says nothing."""
+    seen: set[int] = set()
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        value = _seconds(getattr(current, "retry_after", None))
+        if value is not None:
+            return value
+        response = getattr(current, "response", None)
+        metadata = response.get("ResponseMetadata", {}) if isinstance(response, dict) else {}
+        candidates: list[Any] = [
+            getattr(current, "headers", None),
+            getattr(response, "headers", None),
+            metadata.get("HTTPHeaders"),
+        ]
+        for headers in candidates:
+            if headers is not None and hasattr(headers, "get"):
+                value = _seconds(headers.get("Retry-After") or headers.get("retry-after"))
+                if value is not None:
+                    return value
+        current = current.__cause__ or current.__context__
+    return None
+
+
+class RetryBudget:
+    """Tokens that retries spend and successes earn back: a store's retry budget.
+
+    A retry takes ``cost`` tokens (twice that after a timeout, which holds a connection the
+    longest) and is refused when the tokens left are fewer; every answered request puts back
+    ``refill``, up to ``capacity``. So a store that answers gets at most ``capacity / cost``
+    retries in a burst and, once that is spent, about one retry per ``cost / refill`` answered
+    requests: thousands of readers meeting one bad minute do not multiply its load by their
+    attempts, and none retries for ever. The scheme is the AWS SDKs' "standard" retry quota
+    (500 tokens, 5 a retry, 10 a timeout) and gRPC's retry throttling (a token ratio of 0.1),
+    in units of retries. Plain attributes, no lock: exact enough under threads, and a store
+    holding one pickles (each process then spends its own).
+    """
+
+    def __init__(self, capacity: float, cost: float = 1.0, refill: float = 0.1) -> None:
+        self.capacity = float(capacity)
+        self.cost = float(cost)
+        self.refill = float(refill)
+        self.tokens = self.capacity
+        self.spent = 0  # retries taken from it
+        self.refused = 0  # retries it refused
+
+    def __repr__(self) -> str:
+        return f"<RetryBudget {self.tokens:g} of {self.capacity:g} tokens>"
+
+    def withdraw(self, timeout: bool = False) -> bool:
+        """Take a retry's tokens; False (nothing taken) when too few are left."""
+        cost = self.cost * (2 if timeout else 1)
+        if self.tokens < cost:
+            self.refused += 1
+            return False
+        self.tokens -= cost
+        self.spent += 1
+        return True
+
+    def deposit(self) -> None:
+        """A request was answered: put ``refill`` back."""
+        if self.tokens < self.capacity:
+            self.tokens = min(self.capacity, self.tokens + self.refill)
+
+
 STORE_TIMEOUT_ENV = "SNAPSTORE_STORE_TIMEOUT"
 """The environment variable that sets :attr:`RetryPolicy.timeout` where none is given: seconds
 (``30``, ``120.5``), or ``none`` to wait without end."""
@@ -246,6 +332,13 @@ class RetryPolicy:
     retrying after one hiccup spread out; with the defaults all retries together wait at most
     0.05 + 0.1 + 0.2 = 0.35 s.
 
+    An answer that says how long to wait (HTTP 429 or 503 with ``Retry-After``) is obeyed: the
+    wait is at least the hint (plus the jitter, so that throttled clients do not all come back
+    in the same instant). Retries are also bounded by the store's retry budget (``budget``,
+    ``refill``; see :class:`RetryBudget`). An operation that gives up raises
+    :class:`~snapstore.errors.StoreError` naming the store's URL, the operation, the tries, why
+    it stopped (the attempts, the budget or a hint past the deadline) and the last answer.
+
     Every operation (a read, a listing, an upload, a commit), its retries included, ends within
     ``timeout`` seconds: a store that does not answer raises
     :class:`~snapstore.errors.StoreTimeoutError` naming the URL, the endpoint, the operation and
@@ -270,6 +363,17 @@ class RetryPolicy:
         without end. Default: ``$SNAPSTORE_STORE_TIMEOUT`` (seconds, or ``none``), else 60 (see
         :data:`DEFAULT_STORE_TIMEOUT`). Read when the policy is made, so a policy carried to a
         worker process keeps its parent's value.
+    budget : float or None
+        The store's retry budget (:class:`RetryBudget`), in retries: 100 may be taken in a
+        burst, then one for every ``1 / refill`` answered requests; None: no budget (only
+        ``attempts`` bound the retries). One per store object: a job's store, a reader's copy
+        in each worker process.
+    refill : float
+        Tokens (retries) an answered request puts back in the budget: 0.1, so that retries
+        may go on at a tenth of the requests (a store failing 5% of requests needs about 5%).
+    max_retry_after : float
+        The most seconds a ``Retry-After`` hint is obeyed for (30): a hint longer than that,
+        or than the deadline leaves, ends the operation with an error naming it.
 
     Raises
     ------
@@ -287,6 +391,9 @@ class RetryPolicy:
     base: float = 0.05
     cap: float = 2.0
     timeout: float | None = field(default_factory=_timeout_from_env)
+    budget: float | None = 100.0
+    refill: float = 0.1
+    max_retry_after: float = 30.0
 
     def __post_init__(self) -> None:
         if type(self.attempts) is not int or self.attempts < 1:
@@ -295,6 +402,15 @@ class RetryPolicy:
             value = getattr(self, name)
             if not isinstance(value, int | float) or not 0 <= value < float("inf"):
                 raise ValueError(f"{name} must be a finite number of seconds >= 0, got {value!r}")
+        for name in ("refill", "max_retry_after"):
+            if not (_finite_seconds(getattr(self, name)) and getattr(self, name) >= 0):
+                value = getattr(self, name)
+                raise ValueError(f"{name} must be a finite number >= 0, got {value!r}")
+        if self.budget is not None and not (_finite_seconds(self.budget) and self.budget >= 0):
+            raise ValueError(
+                f"budget must be a finite number of retries >= 0 (or None: no budget), got "
+                f"{self.budget!r}"
+            )
         if self.timeout is not None and not (_finite_seconds(self.timeout) and self.timeout > 0):
             raise ValueError(
                 f"timeout must be a finite number of seconds > 0 (or None: no deadline), got "
@@ -304,6 +420,18 @@ class RetryPolicy:
     def backoff(self, retry: int) -> float:
         """Seconds to wait before retry number ``retry`` (1 for the first)."""
         return random.uniform(0.0, min(self.cap, self.base * 2.0 ** (retry - 1)))
+
+    def delay(self, retry: int, exc: BaseException) -> float:
+        """Seconds to wait before retry number ``retry`` after ``exc``: the backoff, or the
+        answer's ``Retry-After`` plus the backoff's jitter if it asks for longer (up to
+        ``max_retry_after``; a longer hint is returned as it is, for the caller to refuse)."""
+        wait = self.backoff(retry)
+        hint = retry_after(exc)
+        return wait if hint is None else max(wait, hint + random.uniform(0.0, self.base))
+
+    def new_budget(self) -> RetryBudget | None:
+        """A fresh :class:`RetryBudget` for a store (None without one)."""
+        return None if self.budget is None else RetryBudget(self.budget, 1.0, self.refill)
 
 
 def vanished_error(url: str) -> StoreError:

@@ -21,6 +21,11 @@ S3 page one: a request per :data:`LIST_PAGE` objects, one after another. The tar
 counts toward that delay, so a target slower than the simulation shows through. Not modelled:
 an aggregate bandwidth cap, throttling, errors and retries. Timings are accurate to about +-2 ms
 (sleep granularity); the sleeps release the GIL.
+
+Failures are simulated by :func:`faulty_store` (from :mod:`snapstore.storage.faults`, exported
+here): 503s, 429s with ``Retry-After``, connection resets before and after the server acted,
+bodies cut short and heavy-tailed delays, seeded; ``faulty_store(simulated_store(root))`` gives
+both.
 """
 
 from __future__ import annotations
@@ -38,10 +43,22 @@ import fsspec
 from fsspec.spec import AbstractBufferedFile
 from fsspec.utils import stringify_path
 
+from .faults import FaultFileSystem, Faults, InjectedHTTPError, ShortBodyError, faulty_store
 from .store import FsspecStore, LocalStore, Store, open_store
 from .trees import takes_prefix
 
-__all__ = ["LIST_PAGE", "LatencyFileSystem", "Request", "round_trips", "simulated_store"]
+__all__ = [
+    "LIST_PAGE",
+    "FaultFileSystem",
+    "Faults",
+    "InjectedHTTPError",
+    "LatencyFileSystem",
+    "Request",
+    "ShortBodyError",
+    "faulty_store",
+    "round_trips",
+    "simulated_store",
+]
 
 T = TypeVar("T")
 
