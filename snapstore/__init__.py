@@ -30,8 +30,8 @@ from .mix import Mixture, mix
 from .oldpaths import MOVED, install, moved_module
 from .read import BatchReader, ReaderOptions, ReadStats
 from .snapshot import Snapshot, Stage, open, snapshot
-from .tracing import trace
 from .storage import FsspecStore, LocalStore, RetryPolicy, Store, default_root, open_store
+from .tracing import trace
 from .write import Columns, StageOptions, WriteOptions
 
 install()  # `import snapstore.store` and the other old module paths keep working
