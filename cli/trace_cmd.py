@@ -64,7 +64,10 @@ def summary_command(path: str, bandwidth: float | None, cpus: int | None, as_jso
     PATH is a merged trace, or one still in parts (PATH.parts/), as a job left it.
     """
     found = _existing(path)
-    events = tracing.read_events(found)
+    try:
+        events = tracing.read_events(found)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc), param_hint="PATH") from None
     problems = check_events(events)
     for problem in problems[:_SHOWN_PROBLEMS]:
         click.echo(f"warning: not trace event format: {problem}", err=True)

@@ -320,7 +320,18 @@ def read_events(path: str | os.PathLike[str]) -> list[dict[str, Any]]:
     path = Path(path)
     if path.is_file():
         with open(path, encoding="utf-8") as f:
-            events: list[dict[str, Any]] = json.load(f)["traceEvents"]
+            try:
+                loaded = json.load(f)
+            except ValueError as exc:
+                raise ValueError(f"{path} is not a trace: not JSON ({exc})") from None
+        events = loaded.get("traceEvents") if isinstance(loaded, dict) else loaded
+        if not isinstance(events, list):
+            raise ValueError(
+                f"{path} is not a trace: expected a JSON object with a traceEvents list (or a "
+                f"list of events), found {type(loaded).__name__} with keys "
+                f"{sorted(loaded)[:5] if isinstance(loaded, dict) else '-'}; pass a file written "
+                "by snapstore.trace or $SNAPSTORE_TRACE"
+            )
         return events
     return list(_part_events(parts_dir(path)))
 

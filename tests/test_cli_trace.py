@@ -121,3 +121,12 @@ def test_trace_commands_without_a_trace(tmp_path: Path) -> None:
     assert code == 2 and "whose names start with 'other'" in out
     code, out = run("trace", "merge", str(tmp_path / "t.json"), "--run", "run1")
     assert code == 0 and out.startswith("merged 401 events from 1 part(s)")
+
+
+def test_trace_summary_of_a_file_that_is_not_a_trace(tmp_path: Path) -> None:
+    for name, text in (("object.json", '{"x": 1}'), ("text.json", "not json")):
+        path = tmp_path / name
+        path.write_text(text)
+        result = CliRunner().invoke(main, ["trace", "summary", str(path)])
+        assert result.exit_code == 2, result.output
+        assert "is not a trace" in result.output and "Traceback" not in result.output
