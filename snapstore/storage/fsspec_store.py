@@ -321,8 +321,8 @@ class FsspecStore(Store):
             return f"a wait of {wait:.2f} s would pass the deadline ({deadline.describe()})"
         if self.budget is not None and not self.budget.withdraw(is_timeout(exc)):
             return (
-                f"the store's retry budget is spent ({self.budget.spent} retries taken, "
-                f"{self.budget.refused} refused; RetryPolicy(budget=, refill=))"
+                f"the store's retry budget is spent: {self.budget.spent} retries taken, "
+                f"{self.budget.refused} refused"
             )
         return None
 
@@ -332,7 +332,8 @@ class FsspecStore(Store):
         names = {f"{k.__module__}.{k.__qualname__}" for k in type(exc).__mro__}
         status = http_status(exc, names)
         answer = f"HTTP {status}" if status is not None else type(exc).__name__
-        text = str(exc).strip().splitlines()
+        said = (exc.strerror if isinstance(exc, OSError) else None) or str(exc)
+        text = said.strip().splitlines()
         answer += f" ({text[0]})" if text else ""
         plural = "try" if tries == 1 else "tries"
         message = (
@@ -586,9 +587,9 @@ class FsspecStore(Store):
         if not path.strip("/") or self.protocol != "memory":
             return False
         try:
-            with _CREATE_LOCK:
-                self.fs.rmdir(target)
-        except OSError:  # not empty, gone (FileNotFoundError), not a directory
+            with _CREATE_LOCK:  # transient failures retried, as every request's
+                self._call("remove", path, lambda: self.fs.rmdir(target))
+        except (OSError, StoreError):  # not empty, gone (FileNotFoundError), not a directory
             return False
         finally:
             self._forget(target)
