@@ -1,0 +1,75 @@
+"""Reading in a crowd: start delays, host budgets, AIMD on 429 and throttle detection."""
+
+from __future__ import annotations
+
+import errno
+
+import pytest
+
+from snapstore.errors import StoreError
+from snapstore.read import crowd
+from snapstore.read.requests import MAX_GROWN_BYTES, Concurrency, RequestShape
+from snapstore.storage.retry import is_throttled
+
+
+def test_start_delay_is_deterministic_bounded_and_off_alone() -> None:
+    assert crowd.start_delay(0, 1) == 0.0
+    delays = [crowd.start_delay(r, 8192) for r in range(8192)]
+    assert delays == [crowd.start_delay(r, 8192) for r in range(8192)]
+    assert min(delays) >= 0.0 and max(delays) <= crowd.MAX_START_DELAY
+    assert len(set(delays)) > 8000  # spread out
+    assert max(crowd.start_delay(r, 10) for r in range(10)) <= 10 / crowd.START_RATE
+
+
+def test_host_budget_is_split_among_readers() -> None:
+    assert crowd.host_requests(1) == 128
+    assert crowd.host_requests(8) == crowd.HOST_REQUESTS // 8
+    assert crowd.host_requests(1000) == 4
+
+
+def test_place_reads_the_launcher_environment() -> None:
+    env = {"RANK": "5", "WORLD_SIZE": "16", "LOCAL_WORLD_SIZE": "8"}
+    assert crowd.place(env) == (5, 16, 8)
+    assert crowd.place({}) == (0, 1, 1)
+
+
+def test_aimd_halves_on_429_and_grows_back_additively() -> None:
+    c = Concurrency(maximum=64, initial=32)
+    c.on_throttled()
+    assert (c.limit, c.level) == (16, 1)
+    c.on_throttled()
+    assert c.limit == 8
+    for _ in range(8):
+        c.on_success()
+    assert c.limit == 9  # one more per limit's worth of successes
+    for _ in range(10):
+        c.on_throttled()
+    assert c.limit == 1
+
+
+def test_requests_grow_when_throttled() -> None:
+    shape = RequestShape(8 << 20)
+    assert shape.grown(0) == shape
+    assert shape.grown(1).max_bytes == 16 << 20
+    assert shape.grown(10).max_bytes == MAX_GROWN_BYTES
+    assert shape.grown(1).max_gap > shape.max_gap
+
+
+@pytest.mark.parametrize(
+    "exc",
+    [
+        OSError(errno.EBUSY, "SlowDown"),
+        RuntimeError("429 Too Many Requests"),
+    ],
+)
+def test_throttling_errors_are_recognised(exc: BaseException) -> None:
+    assert is_throttled(exc)
+    try:
+        raise StoreError("cannot read x: gave up") from exc
+    except StoreError as wrapped:
+        assert is_throttled(wrapped)
+
+
+def test_other_errors_are_not_throttling() -> None:
+    assert not is_throttled(FileNotFoundError("x"))
+    assert not is_throttled(OSError(errno.ECONNRESET, "reset"))
