@@ -288,6 +288,8 @@ MODULE_ALL = {
         "place",
         "start_delay",
     ],
+    "read.fleet": ["FleetOptions", "FleetResult", "simulate_fleet", "synthetic_index"],
+    "storage.bucket": ["BucketLimits", "TokenBucket"],
     "read.batches": ["BatchReader"],
     "read.consumer": ["ConsumerReader", "consumer_samples", "every_batch"],
     "read.mixture": ["MixSchedule", "apportion", "units_before"],
