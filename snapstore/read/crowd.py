@@ -25,8 +25,8 @@ __all__ = [
 # Starts are spread over ``consumers / START_RATE`` seconds, at most MAX_START_DELAY: a bucket
 # serves about 5,000 reads/s when it is new (GCS), so 8,192 consumers each asking for their
 # first window at once queue for seconds; spread out, each finds the bucket free. Half the
-# bucket's rate, over at most 2 s: chosen with benchmarks/bench_fleet.py (the other half serves
-# metadata and the windows read ahead; 1 s left the 8,192-reader p99 above 3 s).
+# bucket's rate (the other half for metadata and read-ahead), over at most 2 s: provisional,
+# not yet confirmed by an 8,192-reader run of benchmarks/bench_fleet.py.
 START_RATE = 2500.0
 MAX_START_DELAY = 2.0
 _GOLDEN_FRACTION = 0.6180339887498949
@@ -48,8 +48,9 @@ def start_delay(
 
 
 # Requests in flight per host, split among its readers: 128 (a reader's own cap) for one reader,
-# 32 each for 8 ranks. Chosen from benchmarks/bench_fleet.py: a host at 1 Gb/s needs about 8
-# requests of 8 MiB in flight at 50 ms, so 256 leaves room for small blocks and slow answers.
+# 32 each for 8 ranks. A host at 1 Gb/s needs about 8 requests of 8 MiB in flight at 50 ms, so
+# 256 leaves room for small blocks and slow answers (a reasoned default, not yet tuned by
+# benchmarks/bench_fleet.py).
 HOST_REQUESTS = 256
 _MIN_READER_REQUESTS = 4
 
