@@ -232,7 +232,7 @@ class _Reader:
         if indices is None:
             return False
         fleet, number = self.fleet, self.scheduled
-        blocks = np.unique(np.searchsorted(fleet.offsets, indices, side="right") - 1).tolist()
+        blocks = fleet.blocks_of(indices)
         if number == 0:
             head = indices[: self.fleet.options.batch_size]
             self.first_blocks = set(
@@ -363,6 +363,21 @@ class _Fleet:
             )
             for c in range(consumers)
         ]
+
+    def blocks_of(self, indices: np.ndarray[Any, Any]) -> list[int]:
+        """The blocks holding ``indices``, ascending (what the Prefetcher computes with
+        ``np.unique`` of their blocks). A run of consecutive indices (a chunk read in written
+        order) holds the blocks from its first's to its last's, less those without rows: found
+        without a search per sample."""
+        offsets = self.offsets
+        first, last = int(indices[0]), int(indices[-1])
+        if last - first + 1 == indices.size and (
+            indices.size < 3 or bool((np.diff(indices) == 1).all())
+        ):
+            lo, hi = np.searchsorted(offsets, [first, last], side="right") - 1
+            ids = np.arange(lo, hi + 1)
+            return ids[offsets[ids + 1] > offsets[ids]].tolist()
+        return np.unique(np.searchsorted(offsets, indices, side="right") - 1).tolist()
 
     def open(self) -> None:
         """Every reader opens the snapshot at time 0: metadata, then its first requests."""

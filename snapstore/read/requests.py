@@ -194,29 +194,66 @@ def form_requests(
     """Group ``blocks`` into byte-range requests: per shard, by offset, close ones merged.
 
     A pure function of the block index: the :class:`Prefetcher` and the fleet simulator
-    (:mod:`snapstore.read.fleet`) both form their requests with it.
+    (:mod:`snapstore.read.fleet`) both form their requests with it. Blocks in (shard, offset)
+    order join the request before them as :meth:`RequestShape.joins` says; the grouping is
+    computed on arrays (:func:`_request_starts`), so its Python work is per request, not per
+    block.
     """
     if not blocks:
         return
     entries = index[blocks]
     shard = entries["shard"].astype(np.int64)
     offset = entries["offset"].astype(np.int64)
-    length = entries["length"].astype(np.int64)
-    raw = entries["raw_length"].astype(np.int64)
-    current: RangeRequest | None = None
-    for k in np.lexsort((offset, shard)).tolist():
-        b, s, o, n = blocks[k], int(shard[k]), int(offset[k]), int(length[k])
-        path = paths[s]
-        if current is not None and current.path == path and shape.joins(current, o, n):
-            current.blocks.append((b, o - current.start, n))
-            current.costs.append(int(raw[k]))
-            current.length = o + n - current.start
-            continue
-        if current is not None:
-            yield current
-        current = RangeRequest(path, o, n, [(b, 0, n)], [int(raw[k])], chunk)
-    if current is not None:
-        yield current
+    order = np.lexsort((offset, shard))
+    shard, offset = shard[order], offset[order]
+    length = entries["length"].astype(np.int64)[order]
+    starts = _request_starts(shard, offset, length, paths, shape)
+    counts = np.diff(np.append(starts, shard.size))
+    inside = offset - np.repeat(offset[starts], counts)  # each block's offset in its request
+    ids = np.asarray(blocks, dtype=np.int64)[order].tolist()
+    placed = list(zip(ids, inside.tolist(), length.tolist()))
+    raw = entries["raw_length"].astype(np.int64)[order].tolist()
+    ends = (offset + length).tolist()
+    bounds = [*starts.tolist(), len(ids)]
+    for i, j, s in zip(bounds[:-1], bounds[1:], shard[starts].tolist()):
+        o = ends[i] - placed[i][2]
+        yield RangeRequest(paths[s], o, ends[j - 1] - o, placed[i:j], raw[i:j], chunk)
+
+
+def _request_starts(
+    shard: np.ndarray[Any, Any],
+    offset: np.ndarray[Any, Any],
+    length: np.ndarray[Any, Any],
+    paths: list[str],
+    shape: RequestShape,
+) -> np.ndarray[Any, Any]:
+    """Where each request starts among blocks sorted by (shard, offset): what joining them one
+    by one with :meth:`RequestShape.joins` gives. A request breaks where the path changes or the
+    gap to the block before leaves the shape's rule (runs); inside a run, ends only grow, so a
+    remote request is cut where its span would pass ``max_bytes``, a local one every
+    :data:`_LOCAL_BLOCKS` blocks."""
+    n = shard.size
+    end = offset + length
+    gap = offset[1:] - end[:-1]
+    joined = gap >= 0 if shape.local else (gap >= 0) & (gap < shape.max_gap)
+    for k in np.flatnonzero(shard[1:] != shard[:-1]).tolist():
+        if paths[int(shard[k])] != paths[int(shard[k + 1])]:
+            joined[k] = False
+    runs = np.concatenate(([0], np.flatnonzero(~joined) + 1))
+    if shape.local:
+        run_of = np.cumsum(np.concatenate(([False], ~joined)))
+        place = np.arange(n) - runs[run_of]
+        return np.flatnonzero(place % _LOCAL_BLOCKS == 0)
+    if n == runs.size:  # no two blocks joined: one request each
+        return runs
+    starts: list[int] = []
+    limits = offset + shape.max_bytes
+    for lo, hi in zip(runs.tolist(), [*runs[1:].tolist(), n]):
+        i = lo
+        while i < hi:
+            starts.append(i)
+            i = max(i + 1, int(np.searchsorted(end[i:hi], limits[i], side="right")) + i)
+    return np.asarray(starts, dtype=np.int64)
 
 
 def admits(
