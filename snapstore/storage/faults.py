@@ -49,9 +49,8 @@ from dataclasses import dataclass, fields
 from typing import Any, TypeVar
 
 import fsspec
-from fsspec.spec import AbstractBufferedFile
-from fsspec.utils import stringify_path
 
+from .forwarding import ForwardingFileSystem
 from .store import FsspecStore, LocalStore, RetryPolicy, Store, open_store
 
 __all__ = [
@@ -150,17 +149,13 @@ def _uniform(seed: int, key: str, salt: str) -> float:
     return (value >> 11) / float(1 << 53)
 
 
-class _FaultFile(AbstractBufferedFile):  # type: ignore[misc]
-    """A file opened for reading: each cache miss is one ranged request."""
-
-    def _fetch_range(self, start: int, end: int) -> bytes:
-        data: bytes = self.fs.cat_file(self.path, start=start, end=end)
-        return data
-
-
-class FaultFileSystem(fsspec.AbstractFileSystem):  # type: ignore[misc]
+class FaultFileSystem(ForwardingFileSystem):
     """An fsspec filesystem that passes every request to another one, failing some as a
     remote bucket does (see :mod:`snapstore.storage.faults`).
+
+    Each request, as :class:`~snapstore.storage.forwarding.ForwardingFileSystem` counts them,
+    draws its own fault; so do ``put_file``, ``link``, ``size`` and ``du`` here (one request
+    each).
 
     Parameters
     ----------
@@ -182,14 +177,13 @@ class FaultFileSystem(fsspec.AbstractFileSystem):  # type: ignore[misc]
     """
 
     protocol = "faults"
+    url_prefixes = ("faults://",)
     snapstore_in_process = True  # what it adds only sleeps; the target says for itself
-    cachable = False
 
     def __init__(self, fs: Any, faults: Faults | None = None, **storage_options: Any) -> None:
         if not isinstance(fs, fsspec.AbstractFileSystem):
             raise TypeError(f"fs must be an fsspec filesystem, got {type(fs).__name__}")
-        super().__init__(**storage_options)
-        self.fs: Any = fs
+        super().__init__(fs, **storage_options)
         self.faults = faults if faults is not None else Faults()
         self.requests: Counter[str] = Counter()
         self.injected: Counter[str] = Counter()
@@ -200,12 +194,6 @@ class FaultFileSystem(fsspec.AbstractFileSystem):  # type: ignore[misc]
 
     def __repr__(self) -> str:
         return f"<FaultFileSystem {self.faults} over {type(self.fs).__name__}>"
-
-    @classmethod
-    def _strip_protocol(cls, path: Any) -> Any:
-        if isinstance(path, list):
-            return [cls._strip_protocol(p) for p in path]
-        return str(stringify_path(path)).removeprefix("faults://")
 
     # -- the faults ----------------------------------------------------------------------------
 
@@ -263,82 +251,18 @@ class FaultFileSystem(fsspec.AbstractFileSystem):  # type: ignore[misc]
             errno.ECONNRESET, f"Connection reset by peer (injected after {where} was served)"
         )
 
-    def _forward(self, method: str, path: Any, *args: Any, **kwargs: Any) -> Any:
-        target = self._strip_protocol(path)
-        return self._do(method, f"{target}|{method}", lambda: getattr(self.fs, method)(
-            target, *args, **kwargs))  # fmt: skip
+    def _send(self, name: str, path: str, call: Callable[[], T], *, sent: int = 0) -> T:
+        """A request with its fault, if it draws one."""
+        return self._do(name, f"{path}|{name}", call)
 
-    # -- reads ---------------------------------------------------------------------------------
-
-    def cat_file(
-        self, path: str, start: int | None = None, end: int | None = None, **kwargs: Any
+    def _read(
+        self, path: str, start: int | None, end: int | None, call: Callable[[], bytes]
     ) -> bytes:
-        """One request for ``[start:end)``."""
-        target = self._strip_protocol(path)
-        key = f"{target}|cat_file|{start}|{end}"
-        data: bytes = self._do(
-            "cat_file", key, lambda: self.fs.cat_file(target, start=start, end=end, **kwargs)
-        )
+        """A read with its fault, drawn per byte range."""
+        data: bytes = self._do("cat_file", f"{path}|cat_file|{start}|{end}", call)
         return data
 
-    def cat_ranges(
-        self,
-        paths: list[str],
-        starts: list[int | None] | int | None,
-        ends: list[int | None] | int | None,
-        max_gap: int | None = None,
-        on_error: str = "return",
-        **kwargs: Any,
-    ) -> list[bytes | Exception]:
-        """One request per range, each with its own fault."""
-        starts = starts if isinstance(starts, list) else [starts] * len(paths)
-        ends = ends if isinstance(ends, list) else [ends] * len(paths)
-        out: list[bytes | Exception] = []
-        for path, start, end in zip(paths, starts, ends, strict=True):
-            try:
-                out.append(self.cat_file(path, start, end, **kwargs))
-            except Exception as exc:
-                if on_error != "return":
-                    raise
-                out.append(exc)
-        return out
-
-    def _open(self, path: str, mode: str = "rb", block_size: int | None = None,
-              autocommit: bool = True, cache_options: dict[str, Any] | None = None,
-              **kwargs: Any) -> Any:  # fmt: skip
-        if mode == "rb":
-            return _FaultFile(
-                self, path, mode, block_size, autocommit, cache_options=cache_options, **kwargs
-            )
-        options = dict(kwargs, block_size=block_size, autocommit=autocommit)
-        return self._forward("open", path, mode, **options)
-
-    def info(self, path: str, **kwargs: Any) -> dict[str, Any]:
-        """One request."""
-        return dict(self._forward("info", path, **kwargs))
-
-    def ls(self, path: str, detail: bool = True, **kwargs: Any) -> list[Any]:
-        """One request."""
-        return list(self._forward("ls", path, detail=detail, **kwargs))
-
-    def find(self, path: str, maxdepth: int | None = None, withdirs: bool = False,
-             detail: bool = False, **kwargs: Any) -> Any:  # fmt: skip
-        """One request (a recursive listing)."""
-        return self._forward(
-            "find", path, maxdepth=maxdepth, withdirs=withdirs, detail=detail, **kwargs
-        )
-
-    def exists(self, path: str, **kwargs: Any) -> bool:
-        """One request."""
-        return bool(self._forward("exists", path, **kwargs))
-
-    def isdir(self, path: str) -> bool:
-        """One request."""
-        return bool(self._forward("isdir", path))
-
-    def isfile(self, path: str) -> bool:
-        """One request."""
-        return bool(self._forward("isfile", path))
+    # -- requests of their own here (fsspec's defaults make them of info, find and open) -------
 
     def size(self, path: str) -> Any:
         """One request."""
@@ -350,54 +274,15 @@ class FaultFileSystem(fsspec.AbstractFileSystem):  # type: ignore[misc]
         return self._forward("du", path, total=total, maxdepth=maxdepth, withdirs=withdirs,
                              **kwargs)  # fmt: skip
 
-    def modified(self, path: str) -> Any:
-        """One request."""
-        return self._forward("modified", path)
-
-    # -- writes --------------------------------------------------------------------------------
-
-    def pipe_file(self, path: str, value: bytes, mode: str = "overwrite", **kwargs: Any) -> None:
-        """One upload; ``mode="create"`` raises FileExistsError if the file exists."""
-        self._forward("pipe_file", path, value, mode=mode, **kwargs)
-
     def put_file(self, lpath: str, rpath: str, **kwargs: Any) -> None:
         """One upload from a local file."""
         target = self._strip_protocol(rpath)
-        self._do("put_file", f"{target}|put_file",
-                 lambda: self.fs.put_file(lpath, target, **kwargs))  # fmt: skip
+        self._send("put_file", target, lambda: self.fs.put_file(lpath, target, **kwargs))
 
     def link(self, src: str, dst: str, **kwargs: Any) -> None:
         """One request: a hard link (local targets), refused if ``dst`` exists."""
         source, target = self._strip_protocol(src), self._strip_protocol(dst)
-        self._do("link", f"{target}|link", lambda: _link(self.fs, source, target, **kwargs))
-
-    def makedirs(self, path: str, exist_ok: bool = False) -> None:
-        """Free: object stores have no directories."""
-        self.fs.makedirs(self._strip_protocol(path), exist_ok=exist_ok)
-
-    def mkdir(self, path: str, create_parents: bool = True, **kwargs: Any) -> None:
-        """Free, as :meth:`makedirs`."""
-        self.fs.mkdir(self._strip_protocol(path), create_parents=create_parents, **kwargs)
-
-    def rm(self, path: str, recursive: bool = False, maxdepth: int | None = None) -> None:
-        """One request."""
-        self._forward("rm", path, recursive=recursive, maxdepth=maxdepth)
-
-    def rm_file(self, path: str) -> None:
-        """One request."""
-        self._forward("rm_file", path)
-
-    def rmdir(self, path: str) -> None:
-        """One request."""
-        self._forward("rmdir", path)
-
-    def cp_file(self, path1: str, path2: str, **kwargs: Any) -> None:
-        """One request (a server-side copy)."""
-        self._forward("cp_file", path1, self._strip_protocol(path2), **kwargs)
-
-    def invalidate_cache(self, path: str | None = None) -> None:
-        """No request."""
-        self.fs.invalidate_cache(path)
+        self._send("link", target, lambda: _link(self.fs, source, target, **kwargs))
 
 
 _LABELS = {"error_rate": "503", "throttle_rate": "429"}

@@ -35,15 +35,14 @@ import math
 import os
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, NamedTuple, TypeVar
 
 import fsspec
-from fsspec.spec import AbstractBufferedFile
-from fsspec.utils import stringify_path
 
 from .faults import FaultFileSystem, Faults, InjectedHTTPError, ShortBodyError, faulty_store
+from .forwarding import ForwardingFileSystem
 from .store import FsspecStore, LocalStore, Store, open_store
 from .trees import takes_prefix
 
@@ -142,18 +141,13 @@ def round_trips(trace: list[Request], until: Callable[[Request], bool] | None = 
     return count
 
 
-class _LatencyFile(AbstractBufferedFile):  # type: ignore[misc]
-    """A file opened for reading: each cache miss is one ranged request, as with gcsfs or s3fs."""
-
-    def _fetch_range(self, start: int, end: int) -> bytes:
-        data: bytes = self.fs.cat_file(self.path, start=start, end=end)
-        return data
-
-
-class LatencyFileSystem(fsspec.AbstractFileSystem):  # type: ignore[misc]
+class LatencyFileSystem(ForwardingFileSystem):
     """An fsspec filesystem that delays every request to another one like a remote bucket.
 
-    Paths are the target filesystem's paths (a leading ``latency://`` is stripped).
+    Paths are the target filesystem's paths (a leading ``latency://`` is stripped). Which calls
+    are requests, and how many, is :class:`~snapstore.storage.forwarding.ForwardingFileSystem`'s
+    (a read opened with ``open`` is a ranged request per cache miss; making a directory is
+    free); :meth:`find` pages.
 
     Parameters
     ----------
@@ -199,11 +193,10 @@ class LatencyFileSystem(fsspec.AbstractFileSystem):  # type: ignore[misc]
     """
 
     protocol = "latency"
+    url_prefixes = ("latency://", "latency::")
     # Its own calls only sleep: over a local or memory filesystem a store's deadline needs no
     # helper thread (see snapstore.storage.deadline), which would blur the simulated latencies.
     snapstore_in_process = True
-    # Instances differ by their latency settings and hold counters: never hand out a cached one.
-    cachable = False
 
     def __init__(
         self,
@@ -221,8 +214,7 @@ class LatencyFileSystem(fsspec.AbstractFileSystem):  # type: ignore[misc]
                 f"fs must be an fsspec filesystem (fsspec.AbstractFileSystem), got "
                 f"{type(fs).__name__}; use fsspec.filesystem(protocol), or simulated_store(url)"
             )
-        super().__init__(**storage_options)
-        self.fs: Any = fs if fs is not None else fsspec.filesystem("file")
+        super().__init__(fs if fs is not None else fsspec.filesystem("file"), **storage_options)
         self.ttfb = float(ttfb)
         self.bandwidth = None if bandwidth is None else float(bandwidth)
         self.max_requests = max_requests
@@ -250,16 +242,6 @@ class LatencyFileSystem(fsspec.AbstractFileSystem):  # type: ignore[misc]
             self.requests = 0
             self.bytes_read = 0
             self.max_concurrent = self._active
-
-    @classmethod
-    def _strip_protocol(cls, path: Any) -> Any:
-        if isinstance(path, list):
-            return [cls._strip_protocol(p) for p in path]
-        text = str(stringify_path(path))
-        for prefix in ("latency://", "latency::"):
-            if text.startswith(prefix):
-                return text[len(prefix) :]
-        return text  # the target normalizes its own paths
 
     # -- the cost of a request -------------------------------------------------------------
 
@@ -289,94 +271,48 @@ class LatencyFileSystem(fsspec.AbstractFileSystem):  # type: ignore[misc]
                             Request(name, str(path), ranged, start, time.perf_counter())
                         )
 
-    def _request(self, call: Callable[[], T], name: str, path: Any, *, sent: int = 0) -> T:
+    def _send(self, name: str, path: str, call: Callable[[], T], *, sent: int = 0) -> T:
+        """A request that returns no body: ``ttfb`` and the upload of ``sent`` bytes."""
         return self._serve(call, lambda _: sent, name, path, False)
 
-    def _read(self, call: Callable[[], bytes], path: str, ranged: bool) -> bytes:
-        data = self._serve(call, len, "cat_file", path, ranged)
+    def _read(
+        self, path: str, start: int | None, end: int | None, call: Callable[[], bytes]
+    ) -> bytes:
+        """A read: ``ttfb`` and the download of what it returns."""
+        data = self._serve(call, len, "cat_file", path, start is not None or end is not None)
         with self._lock:
             self.bytes_read += len(data)
         return data
 
-    def _forward(self, method: str, path: Any, *args: Any, sent: int = 0, **kwargs: Any) -> Any:
-        """One request: the target's ``method`` on the target's path."""
-        target = self._strip_protocol(path)
-        return self._request(
-            lambda: getattr(self.fs, method)(target, *args, **kwargs), method, target, sent=sent
-        )
+    def _open_writer(self, path: str, mode: str, options: dict[str, Any]) -> Any:
+        """One request, named ``open(mode)`` in ``trace``."""
+        return self._send(f"open({mode})", path, lambda: self.fs.open(path, mode, **options))
 
     # -- reads -----------------------------------------------------------------------------
 
-    def cat_file(
-        self, path: str, start: int | None = None, end: int | None = None, **kwargs: Any
-    ) -> bytes:
-        """One request for the bytes ``[start:end)`` (negative: from the end), as slices."""
-        target = self._strip_protocol(path)
-        return self._read(
-            lambda: self.fs.cat_file(target, start=start, end=end, **kwargs),
-            target,
-            start is not None or end is not None,
-        )
-
-    def cat_ranges(
-        self,
-        paths: list[str],
-        starts: list[int | None] | int | None,
-        ends: list[int | None] | int | None,
-        max_gap: int | None = None,
-        on_error: str = "return",
-        **kwargs: Any,
-    ) -> list[bytes | Exception]:
-        """One request per range, issued in parallel as fsspec's async backends do."""
+    def _check_ranges(self, paths: Any, starts: Any, ends: Any, max_gap: int | None) -> None:
+        """What fsspec's ``cat_ranges`` refuses: merged ranges, and not one start and one end
+        per path."""
         if max_gap is not None:
             raise NotImplementedError("LatencyFileSystem.cat_ranges does not merge ranges")
         if not isinstance(paths, list):
             raise TypeError(f"paths must be a list of paths, got {type(paths).__name__}")
-        starts = starts if isinstance(starts, list) else [starts] * len(paths)
-        ends = ends if isinstance(ends, list) else [ends] * len(paths)
-        if len(starts) != len(paths) or len(ends) != len(paths):
+        counts = [len(x) if isinstance(x, list) else len(paths) for x in (starts, ends)]
+        if counts != [len(paths)] * 2:
             raise ValueError(
                 f"cat_ranges needs one start and one end per path: got {len(paths)} paths, "
-                f"{len(starts)} starts and {len(ends)} ends"
+                f"{counts[0]} starts and {counts[1]} ends"
             )
 
-        def one(path: str, start: int | None, end: int | None) -> bytes | Exception:
-            try:
-                return self.cat_file(path, start, end, **kwargs)
-            except Exception as exc:
-                if on_error == "return":
-                    return exc
-                raise
-
-        workers = min(len(paths), self.max_requests or _GATHER_BATCH)
+    def _gather(self, reads: Iterable[Callable[[], bytes | Exception]]) -> list[bytes | Exception]:
+        """One request per range of a ``cat_ranges``, issued in parallel as fsspec's async
+        backends do."""
+        calls = list(reads)
+        workers = min(len(calls), self.max_requests or _GATHER_BATCH)
         if workers <= 1:
-            return [one(*args) for args in zip(paths, starts, ends)]
+            return [call() for call in calls]
         with ThreadPoolExecutor(workers, thread_name_prefix="snapstore-latency") as pool:
-            return list(pool.map(one, paths, starts, ends))
-
-    def _open(
-        self,
-        path: str,
-        mode: str = "rb",
-        block_size: int | None = None,
-        autocommit: bool = True,
-        cache_options: dict[str, Any] | None = None,
-        **kwargs: Any,
-    ) -> Any:
-        if mode == "rb":
-            return _LatencyFile(
-                self, path, mode, block_size, autocommit, cache_options=cache_options, **kwargs
-            )
-        options = dict(kwargs, block_size=block_size, autocommit=autocommit)
-        return self._request(lambda: self.fs.open(path, mode, **options), f"open({mode})", path)
-
-    def info(self, path: str, **kwargs: Any) -> dict[str, Any]:
-        """One request: the target's ``info``."""
-        return dict(self._forward("info", path, **kwargs))
-
-    def ls(self, path: str, detail: bool = True, **kwargs: Any) -> list[Any]:
-        """One request: the target's listing."""
-        return list(self._forward("ls", path, detail=detail, **kwargs))
+            return list(pool.map(lambda call: call(), calls))
 
     def find(
         self,
@@ -392,10 +328,10 @@ class LatencyFileSystem(fsspec.AbstractFileSystem):  # type: ignore[misc]
         with it (the service filters: only those count)."""
         target = self._strip_protocol(path).rstrip("/")
         options = dict(kwargs, maxdepth=maxdepth, withdirs=withdirs, detail=True)
-        found = self._request(lambda: self._find(target, prefix, options), "find", target)
+        found = self._send("find", target, lambda: self._find(target, prefix, options))
         files = sum(1 for info in found.values() if info.get("type") != "directory")
         for _ in range(1, math.ceil(files / LIST_PAGE)):
-            self._request(lambda: None, "find", target)  # the next page
+            self._send("find", target, lambda: None)  # the next page
         return found if detail else sorted(found)
 
     def _find(self, target: str, prefix: str, options: dict[str, Any]) -> dict[str, Any]:
@@ -410,56 +346,6 @@ class LatencyFileSystem(fsspec.AbstractFileSystem):  # type: ignore[misc]
         except FileNotFoundError:
             return {}
         return {k: v for k, v in found.items() if k.startswith(start)}
-
-    def exists(self, path: str, **kwargs: Any) -> bool:
-        """One request."""
-        return bool(self._forward("exists", path, **kwargs))
-
-    def isdir(self, path: str) -> bool:
-        """One request."""
-        return bool(self._forward("isdir", path))
-
-    def isfile(self, path: str) -> bool:
-        """One request."""
-        return bool(self._forward("isfile", path))
-
-    def modified(self, path: str) -> Any:
-        """One request."""
-        return self._forward("modified", path)
-
-    # -- writes: passed through; each costs a request ----------------------------------------
-
-    def pipe_file(self, path: str, value: bytes, mode: str = "overwrite", **kwargs: Any) -> None:
-        """One upload of ``len(value)`` bytes; ``mode="create"`` raises FileExistsError."""
-        self._forward("pipe_file", path, value, mode=mode, sent=len(value), **kwargs)
-
-    def makedirs(self, path: str, exist_ok: bool = False) -> None:
-        """Free: object stores have no directories, so making one sends no request."""
-        self.fs.makedirs(self._strip_protocol(path), exist_ok=exist_ok)
-
-    def mkdir(self, path: str, create_parents: bool = True, **kwargs: Any) -> None:
-        """Free, as :meth:`makedirs`."""
-        self.fs.mkdir(self._strip_protocol(path), create_parents=create_parents, **kwargs)
-
-    def rm(self, path: str, recursive: bool = False, maxdepth: int | None = None) -> None:
-        """One request (a batch delete)."""
-        self._forward("rm", path, recursive=recursive, maxdepth=maxdepth)
-
-    def rm_file(self, path: str) -> None:
-        """One request."""
-        self._forward("rm_file", path)
-
-    def rmdir(self, path: str) -> None:
-        """One request."""
-        self._forward("rmdir", path)
-
-    def cp_file(self, path1: str, path2: str, **kwargs: Any) -> None:
-        """One request (a server-side copy)."""
-        self._forward("cp_file", path1, self._strip_protocol(path2), **kwargs)
-
-    def invalidate_cache(self, path: str | None = None) -> None:
-        """Clear the target's listings cache; no request."""
-        self.fs.invalidate_cache(path)
 
 
 def simulated_store(
