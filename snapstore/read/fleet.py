@@ -376,8 +376,10 @@ class _Fleet:
         ):
             lo, hi = np.searchsorted(offsets, [first, last], side="right") - 1
             ids = np.arange(lo, hi + 1)
-            return ids[offsets[ids + 1] > offsets[ids]].tolist()
-        return np.unique(np.searchsorted(offsets, indices, side="right") - 1).tolist()
+            kept: list[int] = ids[offsets[ids + 1] > offsets[ids]].tolist()
+            return kept
+        found: list[int] = np.unique(np.searchsorted(offsets, indices, side="right") - 1).tolist()
+        return found
 
     def open(self) -> None:
         """Every reader opens the snapshot at time 0: metadata, then its first requests."""
