@@ -329,12 +329,7 @@ class FsspecStore(Store):
     def _gave_up(self, op: str, path: str, exc: BaseException, tries: int, why: str) -> StoreError:
         """The error of an operation whose transient failures were not retried further."""
         err = self._error(op, path, exc, "transient", tries)
-        names = {f"{k.__module__}.{k.__qualname__}" for k in type(exc).__mro__}
-        status = http_status(exc, names)
-        answer = f"HTTP {status}" if status is not None else type(exc).__name__
-        said = (exc.strerror if isinstance(exc, OSError) else None) or str(exc)
-        text = said.strip().splitlines()
-        answer += f" ({text[0]})" if text else ""
+        answer = self._answer(exc)
         plural = "try" if tries == 1 else "tries"
         message = (
             f"cannot {op} {self.join(path)}{_what(path)}: gave up after {tries} {plural} "
@@ -345,6 +340,16 @@ class FsspecStore(Store):
         gave_up.errno = err.errno
         gave_up.throttled = is_throttled(exc)  # type: ignore[attr-defined]
         return gave_up
+
+    def _answer(self, exc: BaseException) -> str:
+        """The store's answer that ``exc`` stands for, in a few words: its HTTP status or its
+        type, and its first line."""
+        names = {f"{k.__module__}.{k.__qualname__}" for k in type(exc).__mro__}
+        status = http_status(exc, names)
+        answer = f"HTTP {status}" if status is not None else type(exc).__name__
+        said = (exc.strerror if isinstance(exc, OSError) else None) or str(exc)
+        text = said.strip().splitlines()
+        return answer + (f" ({text[0]})" if text else "")
 
     def _error(self, op: str, path: str, exc: BaseException, kind: str, tries: int) -> StoreError:
         detail = (exc.strerror if isinstance(exc, OSError) else None) or str(exc).strip()

@@ -273,6 +273,12 @@ class WebHDFSStore(FsspecStore):
             return False
         return bool(answer.get("boolean"))
 
+    def _answer(self, exc: BaseException) -> str:
+        names = {f"{k.__module__}.{k.__qualname__}" for k in type(exc).__mro__}
+        if "requests.exceptions.ConnectionError" in names:  # its text is a long repr
+            return "connection refused" if "refused" in str(exc) else "cannot connect"
+        return super()._answer(exc)
+
     def _error(self, op: str, path: str, exc: BaseException, kind: str, tries: int) -> StoreError:
         err = super()._error(op, path, exc, kind, tries)
         remote = getattr(exc, "remote_exception", None)
