@@ -2,6 +2,7 @@
 
     python benchmarks/bench_coldstart.py            # 1x sizes, 50 ms per request (~2 min)
     python benchmarks/bench_coldstart.py --scale 0.01 --ttfb 0.01 --repeat 1   # smoke
+    python benchmarks/bench_coldstart.py --rank 3 --world-size 8   # a later consumer's start
 
 The workloads are bench_format's (img: 50,000 uint8[64,64,3] images with a numpy-scalar label;
 tok: 200,000 ragged int32 token arrays), written once with the public API and read through
@@ -17,7 +18,10 @@ so only the simulated latency differs between rows. Measured in one run (issue 1
                    ``snap.batches(256, shuffle=True)``, at --ttfb and at 0 (median of --repeat),
                    in the default order (version 2: the first windows ramp up, so the batch
                    waits for 16 blocks) and, at --ttfb, in each other of --order-versions
-                   (version 1: full windows from the start); PASS or MISS against 0.20 s
+                   (version 1: full windows from the start); PASS or MISS against 0.20 s.
+                   The reader is consumer --rank of --world-size (default 0 of 1): every
+                   consumer's first window ramps up in version 2; in version 1 a later
+                   consumer starts inside a full window
   worker           seconds from unpickling a ``SnapshotIterableDataset`` (as a spawned
                    DataLoader worker does) to its first batch, and the metadata requests the
                    worker made (target: none)
@@ -72,9 +76,16 @@ def _trips(trace: list[Any], first_batch: float) -> tuple[int, int]:
 
 
 def child_open(
-    n: int, root: str, fingerprint: str, ttfb: float, order_version: int | None = None
+    n: int,
+    root: str,
+    fingerprint: str,
+    ttfb: float,
+    order_version: int | None = None,
+    rank: int = 0,
+    world_size: int = 1,
 ) -> dict[str, Any]:
-    """open() then one shuffled epoch through the simulated store (None: the default order)."""
+    """open() then one shuffled epoch of consumer ``rank`` of ``world_size`` through the
+    simulated store (order_version None: the default order)."""
     import snapstore
     from snapstore.storage.simulate import simulated_store
 
@@ -83,13 +94,16 @@ def child_open(
     t0 = time.perf_counter()
     snap = snapstore.open(fingerprint, root=store)
     samples, first = 0, 0.0
-    for batch in snap.batches(BATCH, shuffle=True, order_version=order_version):
+    place = {"rank": rank, "world_size": world_size}
+    reader = snap.batches(BATCH, shuffle=True, order_version=order_version, **place)
+    share = reader.plan.num_samples
+    for batch in reader:
         if not samples:
             first = time.perf_counter()
         samples += len(next(iter(batch.values())))
     end = time.perf_counter()
-    if samples != n:
-        raise RuntimeError(f"read {samples} samples of {n}: the epoch is incomplete")
+    if samples != share:
+        raise RuntimeError(f"read {samples} samples of {share}: the epoch share is incomplete")
     before_block, before_batch = _trips(list(store.fs.trace or []), first)
     snap.close()
     return {
@@ -163,12 +177,18 @@ def worker_start(root: str, fingerprint: str, ttfb: float, tmp: Path) -> dict[st
 
 
 def measure(
-    workload: str, n: int, tmp: Path, ttfb: float, repeat: int, versions: list[int]
+    workload: str,
+    n: int,
+    tmp: Path,
+    ttfb: float,
+    repeat: int,
+    versions: list[int],
+    place: dict[str, int],
 ) -> dict[str, Any]:
     root = tmp / f"{workload}-{n}"
     root.mkdir()
     fp = run_child("write", workload=workload, n=n, root=str(root))["fingerprint"]
-    common = {"n": n, "root": str(root), "fingerprint": fp}
+    common = {"n": n, "root": str(root), "fingerprint": fp, **place}
     zero, slow = [], []
     by_version: dict[int, list[dict[str, Any]]] = {v: [] for v in versions}
     for _ in range(repeat):
@@ -185,6 +205,7 @@ def measure(
         "slow": slow,
         "versions": by_version,
         "worker": worker,
+        **place,
     }
 
 
@@ -203,6 +224,7 @@ def print_table(results: list[dict[str, Any]], ttfb: float) -> None:
         rows.append((label, *[fn(r) for r in results], target))
 
     row("samples", lambda r: f"{r['n']:,}")
+    row("consumer (rank of world size)", lambda r: f"{r['rank']} of {r['world_size']}")
     row("round trips before the first block", lambda r: str(r["slow"][0]["trips_block"]), "<= 2")
     row("round trips the first batch waited for", lambda r: str(r["slow"][0]["trips_batch"]))
 
@@ -241,6 +263,13 @@ def main() -> None:
         default="2,1",
         help="comma-separated order versions to time open -> first batch in (besides the default)",
     )
+    parser.add_argument(
+        "--rank",
+        type=int,
+        default=0,
+        help="time consumer RANK of --world-size (a later one starts partway through the epoch)",
+    )
+    parser.add_argument("--world-size", type=int, default=1, help="consumers in the job")
     parser.add_argument("--tmp", default=None, help="scratch directory (default: system temp)")
     parser.add_argument("--child", default=None, help=argparse.SUPPRESS)
     parser.add_argument("args", nargs="?", help=argparse.SUPPRESS)
@@ -251,8 +280,9 @@ def main() -> None:
     with tempfile.TemporaryDirectory(dir=options.tmp, prefix="snapstore-bench-cold-") as tmp:
         sizes = {w: max(1000, int(SIZES[w] * options.scale)) for w in options.workloads.split(",")}
         versions = [int(v) for v in options.order_versions.split(",") if v]
+        place = {"rank": options.rank, "world_size": options.world_size}
         results = [
-            measure(w, n, Path(tmp), options.ttfb, options.repeat, versions)
+            measure(w, n, Path(tmp), options.ttfb, options.repeat, versions, place)
             for w, n in sizes.items()
         ]
     print_table(results, options.ttfb)

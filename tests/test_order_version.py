@@ -11,6 +11,7 @@ from snapstore.errors import ResumeError
 from snapstore.format.plan import (
     ORDER_VERSION,
     ORDER_VERSIONS,
+    RAMP_FIRST_BLOCKS,
     EpochPlan,
     PlanOptions,
     window_layout,
@@ -60,9 +61,18 @@ def test_plan_options_default_to_version_1_and_readers_to_the_latest() -> None:
     assert snapstore.ReaderOptions().order_version is None  # the latest, or a state's
 
 
+# The same with world_size 4: consumer 2's first ten samples (section 12.6).
+VECTOR_RANK_2_OF_4 = {
+    1: [146, 389, 335, 24, 336, 76, 331, 51, 40, 180],
+    2: [46, 123, 22, 187, 4, 367, 119, 209, 137, 6],
+}
+
+
 @pytest.mark.parametrize("version", ORDER_VERSIONS)
 def test_the_pinned_vector(version) -> None:
     assert plan(VECTOR_ROWS, version, seed=2024).order()[:10].tolist() == VECTOR[version]
+    later = plan(VECTOR_ROWS, version, seed=2024, rank=2, world=4).order()[:10].tolist()
+    assert later == VECTOR_RANK_2_OF_4[version]
 
 
 def test_the_ramp_layout() -> None:
@@ -81,27 +91,69 @@ def test_every_sample_once_per_epoch(rows, window) -> None:
         assert sorted(order.tolist()) == list(range(sum(rows)))
 
 
+def consumer_orders(rows, world, workers, *, version=2, drop_last=False, window=40, seed=0):
+    options = PlanOptions(True, seed, window, drop_last, version)
+    return [
+        EpochPlan(
+            rows, epoch=0, rank=rank, world_size=world, options=options,
+            worker=worker, num_workers=workers,
+        ).order()
+        for rank in range(world)
+        for worker in range(workers)
+    ]  # fmt: skip
+
+
 @pytest.mark.parametrize("drop_last", [False, True])
 def test_equal_shares_across_ranks_and_workers(drop_last) -> None:
     rows = [(5 * b) % 9 + 1 for b in range(150)]
     n = sum(rows)
-    full = plan(rows, 2, drop_last=drop_last).order()
-    for world, workers in [(3, 1), (1, 3), (2, 4), (8, 1)]:
-        parts = []
-        for rank in range(world):
-            for worker in range(workers):
-                options = PlanOptions(True, 0, 40, drop_last, 2)
-                p = EpochPlan(
-                    rows, epoch=0, rank=rank, world_size=world, options=options,
-                    worker=worker, num_workers=workers,
-                )  # fmt: skip
-                parts.append(p.order())
+    by_total = {}
+    for world, workers in [(3, 1), (1, 3), (2, 4), (8, 1), (4, 2)]:
+        parts = consumer_orders(rows, world, workers, drop_last=drop_last)
         consumers = world * workers
         per = n // consumers if drop_last else -(-n // consumers)
         assert {len(p) for p in parts} == {per}
-        joined = np.concatenate(parts)
-        expected = full[np.arange(consumers * per) % n]  # the one order G, sliced
-        assert joined.tolist() == expected.tolist()
+        joined = np.concatenate(parts)  # consumers in order read the epoch's order from its start
+        if drop_last:  # the last N - C * per samples of the order are read by none
+            assert len(set(joined.tolist())) == joined.size == consumers * per > n - consumers
+        else:  # the order, then its first C * per - N samples again (padding)
+            assert sorted(joined[:n].tolist()) == list(range(n))
+            assert joined[n:].tolist() == joined[: consumers * per - n].tolist()
+        # What consumer c reads depends on C and c only, not on how C is split.
+        same = by_total.setdefault(consumers, parts)
+        assert [p.tolist() for p in parts] == [p.tolist() for p in same]
+
+
+def blocks_of(rows, samples) -> int:
+    """How many blocks hold ``samples``."""
+    return len(set(np.searchsorted(np.cumsum(rows), samples, side="right").tolist()))
+
+
+@pytest.mark.parametrize("uniform", [True, False])
+def test_every_consumer_starts_on_the_ramp(uniform) -> None:
+    """Every consumer's first batch comes from one 16-block window, not from a full one."""
+    rows = [8] * 6000 if uniform else [6 + (7 * b) % 5 for b in range(6000)]
+    batch, n = 64, sum(rows)  # 8 blocks of samples: far fewer blocks than a full window
+    former = []
+    for world in range(1, 9):
+        for workers in range(1, 5):
+            parts = consumer_orders(rows, world, workers, window=126, seed=world * 10 + workers)
+            firsts = [blocks_of(rows, p[:batch]) for p in parts]
+            assert max(firsts) <= RAMP_FIRST_BLOCKS, (world, workers, firsts)
+            assert sorted(np.concatenate(parts)[:n].tolist()) == list(range(n))
+            if world * workers == 8:  # version 1: consumer 3 of 8 starts inside a full window
+                old = consumer_orders(rows, world, workers, version=1, window=126)
+                former.append(blocks_of(rows, old[3][:batch]))
+    assert min(former) > 2 * RAMP_FIRST_BLOCKS
+
+
+def test_one_consumer_reads_the_ramp_from_the_epoch_start_alone() -> None:
+    rows = [(5 * b) % 9 + 1 for b in range(150)]
+    single = consumer_orders(rows, 1, 1)[0]
+    assert [len(c) for c in plan([1] * 300, 2, window=126).chunks()] == [16, 32, 64, 126, 62]
+    first = consumer_orders(rows, 2, 1)[0]  # the second consumer's ramp cuts the first's share
+    assert first[:50].tolist() == single[:50].tolist()  # its first window: the same 16 blocks
+    assert first.tolist() != single[: first.size].tolist()
 
 
 def test_chunks_resume_exactly_around_the_ramp() -> None:
@@ -109,6 +161,24 @@ def test_chunks_resume_exactly_around_the_ramp() -> None:
     p = plan(rows, 2, seed=9)
     order = p.order()
     for start in [0, 1, 63, 64, 65, 191, 192, 193, 351, 352, 353, 479, 480]:
+        chunks = list(p.chunks(start))
+        tail = np.concatenate(chunks) if chunks else np.zeros(0, np.int64)
+        assert tail.tolist() == order[start:].tolist()
+
+
+@pytest.mark.parametrize("uniform", [True, False])
+def test_a_later_consumer_resumes_exactly_around_its_ramp(uniform) -> None:
+    rows = [4] * 2000 if uniform else [3 + b % 3 for b in range(2000)]
+    options = PlanOptions(True, 9, 126, False, 2)
+    p = EpochPlan(rows, epoch=1, rank=3, world_size=8, options=options)
+    order = p.order()
+    sizes = [len(c) for c in p.chunks()]
+    # Consumer 3's share, 250 blocks from the one holding its first sample: windows of 16, 32
+    # and 64 blocks, then 126 (fewer samples in the first when it starts inside a block).
+    edges = np.cumsum(sizes)[:4].tolist()
+    if uniform:
+        assert sizes == [64, 128, 256, 504, 48]
+    for start in [0, 1, *[e + d for e in edges for d in (-1, 0, 1)], p.num_samples]:
         chunks = list(p.chunks(start))
         tail = np.concatenate(chunks) if chunks else np.zeros(0, np.int64)
         assert tail.tolist() == order[start:].tolist()
@@ -142,11 +212,13 @@ def test_readers_read_version_2_and_ask_for_version_1(snap) -> None:
     assert ids(latest) == latest.plan.order().tolist() != former.plan.order().tolist()
 
 
+@pytest.mark.parametrize("place", [{}, {"rank": 1, "world_size": 2}])
 @pytest.mark.parametrize("version", ORDER_VERSIONS)
-def test_resume_is_exact_across_the_ramp(snap, version) -> None:
+def test_resume_is_exact_across_the_ramp(snap, version, place) -> None:
     settings = {"shuffle": True, "window_blocks": 40, "order_version": version, "seed": 3}
+    settings.update(place)
     whole = ids(snap.batches(50, **settings))
-    for batches in (1, 3, 7, 12):  # the ramp windows end inside some of these
+    for batches in (1, 3, 7, 12, 17):  # the ramp windows end inside some of these
         reader = snap.batches(50, **settings)
         it = iter(reader)
         for _ in range(batches):
@@ -156,6 +228,21 @@ def test_resume_is_exact_across_the_ramp(snap, version) -> None:
         resumed = snap.batches(50, **settings)
         resumed.set_state(state)
         assert whole[: 50 * batches] + ids(resumed) == whole
+
+
+def test_a_state_resumes_under_another_split_of_the_consumers(snap) -> None:
+    settings = {"shuffle": True, "window_blocks": 40, "seed": 5}
+    saved = snap.batches(50, rank=1, world_size=4, **settings)  # consumer 1 of 4
+    whole = ids(saved)
+    it = iter(saved)
+    next(it), next(it)
+    state = saved.get_state()
+    saved.close()
+    split = {"rank": 0, "world_size": 2, "worker": 1, "num_workers": 2}  # consumer 1 of 4 too
+    assert ids(snap.batches(50, **split, **settings)) == whole
+    resumed = snap.batches(50, **split, **settings)
+    resumed.set_state(state)
+    assert ids(resumed) == whole[100:]
 
 
 def test_a_version_1_state_resumes_in_version_1(snap) -> None:

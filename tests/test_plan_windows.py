@@ -24,17 +24,31 @@ from snapstore.format.plan import (
 )
 
 
-def reference_order(rows: list[int], options: PlanOptions, epoch: int) -> np.ndarray[Any, Any]:
-    """``G`` built as format.md and plan.py describe it, with every array materialized."""
+def reference_order(
+    rows: list[int], options: PlanOptions, epoch: int, consumers: int = 1
+) -> np.ndarray[Any, Any]:
+    """``G`` built as format.md and plan.py describe it, with every array materialized: in
+    version 2 the ramp starts again at the block holding each consumer's first position."""
     blocks = len(rows)
     offsets = np.concatenate(([0], np.cumsum(rows, dtype=np.int64)))
     order = np.arange(blocks)
     if options.shuffle:
         order = permute(order, blocks, derive_key(options.seed, epoch, BLOCK_DOMAIN))
-    parts = []
     ramp = window_layout(options.window_blocks, options.order_version)
-    starts = [*ramp[:-1], *range(ramp[-1], blocks, options.window_blocks)]
-    for w, lo in enumerate(s for s in starts if s < blocks):
+    n = int(offsets[-1])
+    per = n // consumers if options.drop_last else -(-n // consumers)
+    before = np.concatenate(([0], np.cumsum(np.asarray(rows, np.int64)[order])))  # rows before j
+    segments = {0}
+    if options.shuffle and len(ramp) > 1:  # the block holding G[c * per], for c * per < N
+        segments |= {int(np.searchsorted(before, c * per, "right")) - 1
+                     for c in range(1, consumers) if 0 < c * per < n}  # fmt: skip
+    cuts = sorted(segments)
+    starts: list[int] = []
+    for lo, hi in zip(cuts, [*cuts[1:], blocks]):
+        local = [*ramp[:-1], *range(ramp[-1], max(hi - lo, ramp[-1]), options.window_blocks)]
+        starts += [lo + s for s in local if lo + s < hi]
+    parts = []
+    for w, lo in enumerate(starts):
         hi = starts[w + 1] if w + 1 < len(starts) else blocks
         members = order[lo:hi]
         samples = np.concatenate(
@@ -82,7 +96,7 @@ def test_chunks_equal_the_reference(
 ) -> None:
     options = PlanOptions(shuffle=shuffle, seed=seed, window_blocks=window_blocks)
     options = PlanOptions(**{**options.__dict__, "drop_last": drop_last, "order_version": version})
-    order = reference_order(rows, options, epoch)
+    order = reference_order(rows, options, epoch, world * workers)
     rank, worker = data.draw(st.integers(0, world - 1)), data.draw(st.integers(0, workers - 1))
     place = {"rank": rank, "world_size": world, "worker": worker, "num_workers": workers}
     if shared:
@@ -153,7 +167,7 @@ def test_small_scan_chunks_give_the_same_order(monkeypatch: pytest.MonkeyPatch) 
             window_blocks=int(rng.integers(1, 40)),
             order_version=1 + case % 2,
         )
-        order = reference_order(rows.tolist(), options, epoch=case)
+        order = reference_order(rows.tolist(), options, epoch=case, consumers=3)
         for rank in range(3):
             plan = EpochPlan(rows, epoch=case, rank=rank, world_size=3, options=options)
             assert plan.order().tolist() == reference_slice(order, rank, 3, False).tolist()

@@ -251,6 +251,12 @@ def explicit(
     return [b["id"].tolist() for b in DataLoader(ds, batch_size=None, num_workers=num_workers)]
 
 
+def consumers_order(snap: snapstore.Snapshot, consumers: int, epoch: int) -> list[int]:
+    """G for ``consumers`` single-worker ranks, read in this process."""
+    per_rank = [explicit(snap, rank, consumers, 0, epoch) for rank in range(consumers)]
+    return global_order(per_rank, 0)
+
+
 def check_loader(
     snap: snapstore.Snapshot, gathered: list[dict[str, Any]], index: int, num_workers: int
 ) -> list[list[int]]:
@@ -269,10 +275,11 @@ def check_loader(
 def test_world_size_4_no_workers(snap: snapstore.Snapshot, tmp_path: Path) -> None:
     gathered = run_group(snap, tmp_path / "group", 4, loaders=[{"num_workers": 0}])
     orders = check_loader(snap, gathered, 0, num_workers=0)
-    # G depends only on the seed and epoch: ranks in separate processes read the slices of the
-    # order a single process reads as one consumer.
+    # G depends on the seed, the epoch and the number of consumers C, not on how C is split:
+    # 4 ranks in separate processes read what 2 ranks of 2 DataLoader workers read.
     for epoch, order in enumerate(orders):
-        assert flat(explicit(snap, 0, 1, 0, epoch)) == order
+        split = [explicit(snap, rank, 2, 2, epoch) for rank in range(2)]
+        assert global_order(split, 2) == order
 
 
 def test_world_size_2_workers_and_resume(snap: snapstore.Snapshot, tmp_path: Path) -> None:
@@ -288,8 +295,11 @@ def test_world_size_2_workers_and_resume(snap: snapstore.Snapshot, tmp_path: Pat
     gathered = run_group(snap, saved, 2, loaders=loaders, resume=resume)
     one = check_loader(snap, gathered, 0, num_workers=1)
     two = check_loader(snap, gathered, 1, num_workers=2)
-    assert one == two  # 2 ranks x 1 worker and 2 ranks x 2 workers share the epoch's order G
-    assert one == [flat(explicit(snap, 0, 1, 0, epoch)) for epoch in range(EPOCHS)]
+    # G depends on the number of consumers C (each consumer's first window is a ramp window),
+    # not on its split: 2 ranks x 1 worker read what 1 rank x 2 workers read, and 2 ranks x 2
+    # workers what 4 ranks x 1 worker read.
+    assert one == [global_order([explicit(snap, 0, 1, 2, e)], 2) for e in range(EPOCHS)]
+    assert two == [consumers_order(snap, 4, e) for e in range(EPOCHS)]
 
     # StatefulDataLoader: each rank saved its state after k batches of epoch 1; fresh rank
     # processes in a new group restore it and yield exactly the batches that were left.

@@ -14,7 +14,9 @@ The global order ``G`` of an epoch (length ``N``, the total number of rows):
    shorter): ``window_blocks`` each in order version 1; in order version 2 (the default of the
    readers) the first windows ramp up, ``RAMP_FIRST_BLOCKS`` blocks and then
    ``RAMP_GROWTH`` times the one before, for as long as that is below ``window_blocks``, and
-   ``window_blocks`` each after them (see :func:`window_layout`). Window ``w`` lists its
+   ``window_blocks`` each after them (see :func:`window_layout`); the ramp starts again at
+   the block holding each consumer's first position (``c * per``, below), so that every
+   consumer's first batch waits for a few blocks. Window ``w`` lists its
    blocks' global indices in permuted block order (``S_w`` of them) and emits them in the order
    ``window_permutation(S_w, derive_key(seed, epoch, w, WINDOW_DOMAIN))``: positions sorted by a
    keyed 64-bit hash. A window is bounded by the settings, so this O(S_w) array is allowed, and
@@ -22,10 +24,11 @@ The global order ``G`` of an epoch (length ``N``, the total number of rows):
 
 Consumers (a rank's DataLoader workers, composed with the ranks: consumer
 ``rank * num_workers + worker`` of ``world_size * num_workers``) then read contiguous slices of
-``G`` (see :class:`EpochPlan`), so each touches about ``1 / consumers`` of the blocks and ``G``
-itself never depends on the number of consumers. What is elastic: ``G``, and each consumer's
-samples depend only on the total number of consumers, so 2 ranks of 2 workers read exactly what 4
-ranks of 1 worker read. What is not: a consumer's slice changes with the total, so a mid-epoch
+``G`` (see :class:`EpochPlan`), so each touches about ``1 / consumers`` of the blocks. In order
+version 1 ``G`` does not depend on the number of consumers; in version 2 it does (through the
+ramps' starts). What is elastic: each consumer's samples depend only on the total number of
+consumers, so 2 ranks of 2 workers read exactly what 4 ranks of 1 worker read. What is not: a
+consumer's slice changes with the total, so a mid-epoch
 resume state is valid only for the same total (a new total starts at an epoch boundary).
 The order is how a snapshot is read, not what it holds: no fingerprint or stored byte depends
 on it. Changing any of this changes the epoch order and requires a new order version
@@ -521,23 +524,75 @@ class EpochPlan:
                 last = self._blocks - 1
                 where = unpermute_one(last, self._blocks, self._key) if last >= 0 else 0
                 self._uniform = (rows, where)
-            else:
-                self._bounds = self._streamed_bounds()
+        self._segments = self._consumer_segments()
+        if options.shuffle and self._uniform is None:
+            self._bounds = self._streamed_bounds()
 
     @property
     def num_windows(self) -> int:
         """Number of windows (groups of consecutive permuted blocks) in the epoch."""
-        ramp, blocks = self._ramp, self._blocks
-        if blocks <= ramp[-1]:
-            return int(np.searchsorted(ramp, blocks))  # the first ramp start at or past the end
-        return len(ramp) - 1 + -(-(blocks - ramp[-1]) // self.options.window_blocks)
+        return int(self._segments[1][-1])
+
+    def _consumer_segments(self) -> tuple[IntArray, IntArray]:
+        """Where the ramp starts again in the block order, and the windows before each start.
+
+        In order version 2 (with a ramp) a shuffled epoch's block order is cut at the block
+        holding each consumer's first position ``c * per`` (``0`` for the first), so every
+        consumer's first window is a ramp window; each segment is laid out by
+        :func:`window_layout` from its own start, its last window ending at the next segment.
+        Returns the segment starts (the first 0) and the running count of their windows
+        (one value more: the epoch's windows). O(consumers) integers.
+        """
+        starts = np.zeros(1, np.int64)
+        if self.options.shuffle and len(self._ramp) > 1 and self.num_samples:
+            firsts = np.arange(1, self.num_consumers, dtype=np.int64) * self.num_samples
+            firsts = firsts[firsts < self.total_samples]  # padding consumers start in G[0:]
+            starts = np.unique(np.concatenate((starts, self._blocks_holding(firsts))))
+        lengths = np.diff(np.append(starts, self._blocks))
+        ramp, window = np.asarray(self._ramp, np.int64), self.options.window_blocks
+        full = len(ramp) - 1 + -(-(lengths - ramp[-1]) // window)
+        counts = np.where(lengths <= ramp[-1], np.searchsorted(ramp, lengths), full)
+        return starts, np.concatenate(([0], np.cumsum(counts))).astype(np.int64)
+
+    def _blocks_holding(self, positions: IntArray) -> IntArray:
+        """Positions in the block order of the blocks holding the sorted positions of G (each
+        below N): a binary search on the arithmetic starts of uniform blocks, else one scan of
+        the permutation :data:`_BATCH` blocks at a time."""
+        if self._uniform is not None:
+            rows, last_at = self._uniform
+            extra = self.total_samples - rows * self._blocks
+            lo = np.zeros(positions.size, np.int64)
+            hi = np.full(positions.size, self._blocks, np.int64)
+            while bool((hi - lo > 1).any()):  # rows before lo <= position < rows before hi
+                mid = (lo + hi) // 2
+                inside = mid * rows + np.where(mid > last_at, extra, 0) <= positions
+                lo, hi = np.where(inside, mid, lo), np.where(inside, hi, mid)
+            return lo
+        out, total = np.zeros(positions.size, np.int64), 0
+        for lo_block in range(0, self._blocks, _BATCH):
+            ids = self._block_range(lo_block, min(self._blocks, lo_block + _BATCH))
+            running = np.cumsum(self._offsets[ids + 1] - self._offsets[ids]) + total
+            first, last = np.searchsorted(positions, [total, int(running[-1])])
+            held = np.searchsorted(running, positions[first:last], side="right")
+            out[first:last] = lo_block + held
+            total = int(running[-1])
+        return out
+
+    def _block_starts(self, windows: IntArray) -> IntArray:
+        """Where windows ``windows`` (each ``<= num_windows``) start in the block order
+        (``blocks`` for ``num_windows``)."""
+        starts, before = self._segments
+        segment = np.minimum(np.searchsorted(before, windows, side="right") - 1, starts.size - 1)
+        local = windows - before[segment]
+        ramp = np.asarray(self._ramp, np.int64)
+        full = ramp[-1] + (local - ramp.size + 1) * self.options.window_blocks
+        offset = np.where(local < ramp.size, ramp[np.minimum(local, ramp.size - 1)], full)
+        ends = np.append(starts[1:], self._blocks)[segment]
+        return np.asarray(np.minimum(starts[segment] + offset, ends), np.int64)
 
     def _block_start(self, window: int) -> int:
         """Where window ``window`` starts in the block order (``blocks`` past the last one)."""
-        ramp = self._ramp
-        if window < len(ramp):
-            return min(ramp[window], self._blocks)
-        return min(ramp[-1] + (window - len(ramp) + 1) * self.options.window_blocks, self._blocks)
+        return int(self._block_starts(np.array([window], np.int64))[0])
 
     def block_order(self) -> IntArray:
         """Return the epoch's block order (block ids in the order ``G`` visits them)."""
@@ -553,9 +608,7 @@ class EpochPlan:
         permutation is computed :data:`_BATCH` blocks at a time, so the window starts (in
         blocks, then in rows) are the only arrays kept."""
         count = self.num_windows
-        ramp = [self._block_start(w) for w in range(min(count + 1, len(self._ramp) - 1))]
-        full = self._ramp[-1] + np.arange(count + 1 - len(ramp)) * self.options.window_blocks
-        starts = np.minimum(np.concatenate((ramp, full)), self._blocks).astype(np.int64)
+        starts = self._block_starts(np.arange(count + 1, dtype=np.int64))
         bounds = np.zeros(count + 1, np.int64)
         total = 0
         for lo in range(0, self._blocks, _BATCH):
