@@ -2,9 +2,11 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Iterator
+from typing import Any, NamedTuple
 
 import fsspec
 import pytest
+from faultproxy import FaultProxy, running_proxy
 
 # Session-scoped servers (fake-gcs-server, moto, WebHDFS) started by the tests: tests/servers.py.
 from servers import Server, gcs_server, s3_server, webhdfs_server  # noqa: F401 - fixtures
@@ -71,3 +73,44 @@ def remote_store(request: pytest.FixtureRequest) -> Iterator[FsspecStore]:
     s = _server(request, request.param).store()
     yield s
     s.close()
+
+
+# -- the same emulators behind the HTTP fault proxy (tests/faultproxy.py) ----------------------
+
+
+class FaultyRoot(NamedTuple):
+    """A fresh prefix reached through a fault proxy: ``open_store(url, **storage_options)``;
+    set ``proxy.faults`` to choose the faults, read ``proxy.injected`` for those met."""
+
+    url: str
+    storage_options: dict[str, Any]
+    proxy: FaultProxy
+
+
+@pytest.fixture
+def gcs_faulty(request: pytest.FixtureRequest) -> Iterator[FaultyRoot]:
+    """fake-gcs-server through a fault proxy (no faults until ``proxy.faults`` is set)."""
+    server = _server(request, "gcs")
+    with running_proxy(server.endpoint, dialect="gcs") as proxy:
+        url, options = server.root()
+        yield FaultyRoot(url, {**options, "endpoint_url": proxy.url}, proxy)
+
+
+@pytest.fixture
+def s3_faulty(request: pytest.FixtureRequest) -> Iterator[FaultyRoot]:
+    """moto's S3 server through a fault proxy (no faults until ``proxy.faults`` is set)."""
+    server = _server(request, "s3")
+    with running_proxy(server.endpoint, dialect="s3") as proxy:
+        url, options = server.root()
+        yield FaultyRoot(url, {**options, "endpoint_url": proxy.url}, proxy)
+
+
+@pytest.fixture
+def webhdfs_faulty(request: pytest.FixtureRequest) -> Iterator[FaultyRoot]:
+    """The WebHDFS test server through a fault proxy: the NameNode's redirects to its DataNode
+    name the server, and the proxy rewrites them to name itself, so data goes through it too."""
+    server: WebHDFSServer = request.getfixturevalue("webhdfs_server")
+    with running_proxy(f"http://{server.host}:{server.port}") as proxy:
+        url, options = server.fresh_root()
+        yield FaultyRoot(url.replace(f":{server.port}/", f":{proxy.url.rsplit(':', 1)[1]}/"),
+                         options, proxy)  # fmt: skip
