@@ -16,7 +16,7 @@ import time
 from collections import Counter
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any
+from typing import Any, ClassVar
 
 import pytest
 from conftest import FaultyRoot
@@ -41,7 +41,7 @@ POLICY = RetryPolicy(attempts=10, base=0.001, cap=0.02, timeout=120)
 class _Tiny(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
     disable_nagle_algorithm = True
-    received: list[tuple[str, bytes]] = []
+    received: ClassVar[list[tuple[str, bytes]]] = []
 
     def log_message(self, *args: Any) -> None:
         pass
@@ -238,12 +238,8 @@ def _run_sweeps(faulty: FaultyRoot, sweeps: int, n: int = 300) -> dict[str, Any]
     return figures
 
 
-SWEEPS = [
-    pytest.param(1, id="1"),
-    pytest.param(
-        int(os.environ.get("SNAPSTORE_PROXY_SWEEPS", "200")), marks=pytest.mark.slow, id="many"
-    ),  # fmt: skip
-]
+SLOW_SWEEPS = int(os.environ.get("SNAPSTORE_PROXY_SWEEPS", "200"))
+SWEEPS = [pytest.param(1, id="1"), pytest.param(SLOW_SWEEPS, marks=pytest.mark.slow, id="many")]
 
 
 @pytest.mark.parametrize("sweeps", SWEEPS)
