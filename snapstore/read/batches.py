@@ -50,7 +50,36 @@ _FORMER_PREFETCH_BYTES = 64 << 20
 _ORDER_SETTINGS = ("shuffle", "seed", "drop_last", "window_bytes", "window_blocks", "order_version")
 
 
-def _consumer(state: dict[str, Any]) -> tuple[Any, Any]:
+def resume_state(
+    state: object, mine: dict[str, int], chosen: int | None
+) -> tuple[dict[str, int], int]:
+    """A resume state checked for what every reader's ``set_state`` needs first, and its order
+    version: a dict (1 when saved before order versions; checked), with every key of ``mine``,
+    the reader's own state. ``mine`` takes the state's version when the reader's setting
+    ``chosen`` is None (the reader follows the state's order).
+
+    Raises
+    ------
+    ResumeError
+        If the state is not a dict, names an order version this snapstore cannot read, or
+        lacks a key.
+    """
+    if not isinstance(state, dict):
+        raise ResumeError(f"expected a state dict from get_state(), found {type(state)}")
+    state = {"order_version": 1, **state}  # saved before order versions: the order then
+    try:
+        version = check_order_version(state["order_version"], "resume state order_version")
+    except ValueError as exc:
+        raise ResumeError(f"{exc}: this snapstore cannot continue that order") from exc
+    if chosen is None:
+        mine["order_version"] = version
+    missing = sorted(set(mine) - set(state))
+    if missing:
+        raise ResumeError(f"resume state is missing {missing}; pass the dict get_state() returned")
+    return state, version
+
+
+def consumer_of(state: dict[str, Any]) -> tuple[Any, Any]:
     """(consumer, consumers) of a state: its place in the partition."""
     try:
         workers = state["num_workers"]
@@ -246,21 +275,8 @@ class BatchReader:
             If the state is malformed, from another snapshot, or for another epoch, seed,
             shuffle window or partition; the message names the differing settings.
         """
-        if not isinstance(state, dict):
-            raise ResumeError(f"expected a state dict from get_state(), found {type(state)}")
-        state = {"order_version": 1, **state}  # saved before order versions: the order then
-        try:
-            version = check_order_version(state["order_version"], "resume state order_version")
-        except ValueError as exc:
-            raise ResumeError(f"{exc}: this snapstore cannot continue that order") from exc
         mine = self.get_state()
-        if self.settings.order_version is None:  # the reader follows the state's order
-            mine["order_version"] = version
-        missing = sorted(set(mine) - set(state))
-        if missing:
-            raise ResumeError(
-                f"resume state is missing {missing}; pass the dict get_state() returned"
-            )
+        state, version = resume_state(state, mine, self.settings.order_version)
         if state["version"] != STATE_VERSION:
             raise ResumeError(
                 f"resume state has version {state['version']}, this snapstore reads "
@@ -274,12 +290,11 @@ class BatchReader:
         differ = [
             f"{k}={state[k]} (reader has {mine[k]})" for k in _ORDER_KEYS if state[k] != mine[k]
         ]
-        theirs = _consumer(state)
-        if theirs != _consumer(mine):
+        theirs, ours = consumer_of(state), consumer_of(mine)
+        if theirs != ours:
             differ.append(
-                f"consumer {theirs[0]} of {theirs[1]} (reader is consumer "
-                f"{_consumer(mine)[0]} of {_consumer(mine)[1]}; consumer = rank * num_workers + "
-                "worker, of world_size * num_workers)"
+                f"consumer {theirs[0]} of {theirs[1]} (reader is consumer {ours[0]} of "
+                f"{ours[1]}; consumer = rank * num_workers + worker, of world_size * num_workers)"
             )
         if differ:
             raise ResumeError(

@@ -26,11 +26,11 @@ import numpy as np
 from .. import tracing
 from ..errors import ResumeError
 from ..format.handoff import Handoff
-from ..format.plan import ORDER_VERSION, EpochPlan, PlanOptions, check_order_version, derive_key
+from ..format.plan import ORDER_VERSION, EpochPlan, PlanOptions, derive_key
 from ..format.ragged import check_form
 from ..format.schema import Schema
 from .assemble import Allocate, BatchBuilder, chunk_rows, cut_rows, interleave
-from .batches import snapshot_id, traced_pass
+from .batches import consumer_of, resume_state, snapshot_id, traced_pass
 from .mixture import MIX_DOMAIN, MixSchedule
 from .options import ReaderOptions
 from .prefetch import Prefetcher, ReadStats
@@ -214,23 +214,11 @@ class MixedBatchReader:
         ResumeError
             If the state is malformed or for another mixture, order or consumer.
         """
-        if not isinstance(state, dict):
-            raise ResumeError(f"expected a state dict from get_state(), found {type(state)}")
-        state = {"order_version": 1, **state}  # saved before order versions: the order then
-        try:
-            version = check_order_version(state["order_version"], "resume state order_version")
-        except ValueError as exc:
-            raise ResumeError(f"{exc}: this snapstore cannot continue that order") from exc
         mine = self.get_state()
-        if self.settings.order_version is None:  # the reader follows the state's order
-            mine["order_version"] = version
-        missing = sorted(set(mine) - set(state))
-        if missing:
-            raise ResumeError(f"resume state is missing {missing}; pass what get_state() returned")
+        state, version = resume_state(state, mine, self.settings.order_version)
         keys = [*_ORDER_KEYS, *(k for k in mine if k[-1].isdigit())]
         differ = [f"{k}={state[k]} (reader has {mine[k]})" for k in keys if state[k] != mine[k]]
-        workers = state["num_workers"]
-        theirs = (state["rank"] * workers + state["worker"], state["world_size"] * workers)
+        theirs = consumer_of(state)
         if theirs != (self.consumer, self.consumers):
             differ.append(
                 f"consumer {theirs[0]} of {theirs[1]} (reader: {self.consumer} of {self.consumers})"
