@@ -18,6 +18,11 @@ holds: ``"dispatch"`` (read the whole epoch on process 0, nothing elsewhere) or 
 twice and ``batch_size=None`` works). It looks at the loaders Accelerate is iterating now
 (``GradientState``'s references, set when a prepared loader's pass starts, before it calls
 ``set_epoch`` and starts its workers), and never imports Accelerate itself.
+
+With ``use_stateful_dataloader=True`` the workers may be older than the pass: Accelerate asks
+the StatefulDataLoader for its state as it prepares the loader, and the StatefulDataLoader
+answers by starting its workers, with copies of the shard wrapper and the dataset made before
+either was set. Those workers are stopped and the pass starts new ones (:func:`_restart_workers`).
 """
 
 from __future__ import annotations
@@ -60,9 +65,34 @@ def accelerate_split(dataset: Any) -> AccelerateSplit | None:
     for loader in reversed(_active_loaders()):
         inner = getattr(loader, "dataset", None)
         if inner is dataset and dispatcher is not None and isinstance(loader, dispatcher):
+            _restart_workers(loader)
             return "dispatch"
         if shard_type is not None and isinstance(inner, shard_type) and inner.dataset is dataset:
             inner.num_processes, inner.process_index, inner.batch_size = 1, 0, 1
             inner.split_batches = False
+            _restart_workers(loader)
             return "shard"
     return None
+
+
+def _restart_workers(loader: Any) -> None:
+    """Stop the workers a StatefulDataLoader under ``loader`` started before its first pass.
+
+    ``StatefulDataLoader.state_dict()`` starts the workers of the next pass when there is no pass
+    yet, and that pass then uses them. Accelerate calls it as it prepares the loader, so the
+    workers hold the dataset as it was then, without the split decided at the pass's start. The
+    next ``__iter__`` starts new workers; a position the early iterator was restored to (a
+    ``load_state_dict`` before the ``state_dict`` call) is handed on to them.
+    """
+    base: Any = getattr(loader, "base_dataloader", None)
+    early = getattr(base, "_iterator", None)
+    if early is None or not getattr(base, "_initial_iter_for_state_dict", False):
+        return
+    if not getattr(base, "num_workers", 0):
+        return  # no workers: the dataset is read in this process, as set now
+    state = early.state_dict() if getattr(early, "_num_yielded", 0) else None
+    base._iterator, base._initial_iter_for_state_dict = None, False
+    base.next_iter_state = state
+    shutdown = getattr(early, "_shutdown_workers", None)
+    if shutdown is not None:
+        shutdown()

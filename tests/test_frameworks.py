@@ -13,6 +13,7 @@ fragments.
 
 from __future__ import annotations
 
+import json
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -42,6 +43,7 @@ from snapstore.torch import RaggedList, SnapshotIterableDataset  # noqa: E402
 N = 128
 BATCH = 16  # per rank
 EPOCHS = 2
+WORKERS = 2  # DataLoader workers per rank, where a test does not say
 LAUNCH_TIMEOUT_S = 240  # a launched recipe that hangs fails with its output instead
 pytestmark = pytest.mark.filterwarnings("ignore:'set_vital' is deprecated")
 
@@ -187,23 +189,77 @@ def test_lightning(
         assert not records.set_epoch
 
 
+@pytest.mark.parametrize("stateful", [False, True], ids=["DataLoader", "StatefulDataLoader"])
 @pytest.mark.parametrize("dispatch", [None, False], ids=["dispatched", "dispatch_batches=False"])
-def test_accelerate(table_snap: snapstore.Snapshot, tmp_path: Path, dispatch: bool | None) -> None:
+def test_accelerate(
+    table_snap: snapstore.Snapshot, tmp_path: Path, dispatch: bool | None, stateful: bool
+) -> None:
+    """2 DataLoader workers: a StatefulDataLoader starts them when Accelerate first asks for its
+    state, before the pass and its set_epoch."""
     pytest.importorskip("accelerate")
     records = run(
-        tmp_path, "accelerate", launcher="torchrun", DISPATCH_BATCHES=dispatch,
-        BATCH_SIZE=BATCH, NUM_WORKERS=1, EPOCHS=EPOCHS, **location(table_snap),
+        tmp_path, "accelerate", launcher="torchrun", DISPATCH_BATCHES=dispatch, STATEFUL=stateful,
+        BATCH_SIZE=BATCH, NUM_WORKERS=WORKERS, EPOCHS=EPOCHS, **location(table_snap),
     )  # fmt: skip
     if dispatch is None:
         # Process 0 reads the whole epoch; each step it sends process r the r-th of 2 batches.
-        epochs = [planned(table_snap, BATCH, e, 0, 1) for e in range(EPOCHS)]
+        epochs = [planned(table_snap, BATCH, e, 0, 1, WORKERS) for e in range(EPOCHS)]
         expected = {r: [flat(batches[r::2]) for batches in epochs] for r in range(2)}
     else:
         expected = {
-            r: [flat(planned(table_snap, BATCH, e, r, 2)) for e in range(EPOCHS)] for r in range(2)
+            r: [flat(planned(table_snap, BATCH, e, r, 2, WORKERS)) for e in range(EPOCHS)]
+            for r in range(2)
         }
     check_epochs(records, expected)
     assert records.set_epoch[0][-1] == EPOCHS - 1  # Accelerate's set_epoch reached the dataset
+
+
+ACCELERATE_RESUME = """\
+import json, sys
+from accelerate import Accelerator, DataLoaderConfiguration
+from torch.utils.data import DataLoader
+import snapstore
+from snapstore.torch import SnapshotIterableDataset
+
+root, fingerprint, mode, out = sys.argv[1:5]  # mode: full, stop (after 3 steps) or resume
+config = DataLoaderConfiguration(dispatch_batches=False, use_stateful_dataloader=True)
+accelerator = Accelerator(dataloader_config=config)
+ds = SnapshotIterableDataset(snapstore.open(fingerprint, root), batch_size=8, seed=0)
+loader = accelerator.prepare(DataLoader(ds, batch_size=None, num_workers=2))
+if mode == "resume":
+    accelerator.load_state(out + "/checkpoint")
+seen = []
+for epoch in range(2 if mode != "stop" else 1):
+    for step, batch in enumerate(loader):
+        seen.append(batch["id"].tolist())
+        if mode == "stop" and step == 2:
+            accelerator.save_state(out + "/checkpoint")
+            break
+with open(f"{out}/{mode}-{accelerator.process_index}.json", "w") as f:
+    json.dump(seen, f)
+"""
+
+
+def test_accelerate_stateful_resume(table_snap: snapstore.Snapshot, tmp_path: Path) -> None:
+    """accelerator.save_state after 3 steps of epoch 0 and load_state in a new run: the new run
+    trains on exactly the batches the first had left, of both epochs, on each process (under a
+    StatefulDataLoader with 2 workers, which Accelerate's shard wrapper makes fast-forward)."""
+    pytest.importorskip("accelerate")
+    path = tmp_path / "resume_recipe.py"
+    path.write_text(ACCELERATE_RESUME)
+    record = tmp_path / "record"
+    record.mkdir()
+    env = environment(record)
+    for mode in ("full", "stop", "resume"):
+        args = [str(table_snap.store.url), table_snap.fingerprint, mode, str(tmp_path)]
+        launch(torchrun(path, env) + args, cwd=tmp_path, env=env, timeout=LAUNCH_TIMEOUT_S)
+    for rank in range(2):
+        full, stop, resumed = (
+            json.loads((tmp_path / f"{mode}-{rank}.json").read_text())
+            for mode in ("full", "stop", "resume")
+        )
+        assert len(full) == 2 * N // (2 * 8) and len(stop) == 3
+        assert stop + resumed == full, f"rank {rank}"
 
 
 @pytest.mark.parametrize("dispatch", [None, False], ids=["dispatched", "dispatch_batches=False"])
