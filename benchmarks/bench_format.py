@@ -327,11 +327,15 @@ def run_child(name: str, **kwargs: Any) -> dict[str, Any]:
     return run_script_child(__file__, name, **kwargs)
 
 
-def run_script_child(script: str, name: str, **kwargs: Any) -> dict[str, Any]:
-    """Run ``script --child name kwargs`` in a fresh interpreter; its last stdout line (JSON)."""
+def run_script_child(
+    script: str, name: str, child_env: dict[str, str] | None = None, **kwargs: Any
+) -> dict[str, Any]:
+    """Run ``script --child name kwargs`` in a fresh interpreter (``child_env`` added to its
+    environment); its last stdout line (JSON)."""
     env = {
         **os.environ,
         "PYTHONPATH": f"{HERE.parent}{os.pathsep}{os.environ.get('PYTHONPATH', '')}",
+        **(child_env or {}),
     }
     out = subprocess.run(
         [sys.executable, script, "--child", name, json.dumps(kwargs)],

@@ -16,7 +16,7 @@ import pytest
 import snapstore
 from snapstore.errors import CorruptBlockError, FormatError
 from snapstore.format.plan import EpochPlan, PlanOptions
-from snapstore.read.prefetch import Concurrency, Prefetcher
+from snapstore.read.prefetch import Concurrency, Prefetcher, SharedDecoders
 from snapstore.read.reader import SnapshotReader
 from snapstore.storage.store import FsspecStore, LocalStore
 from snapstore.write.writer import WriteOptions
@@ -383,3 +383,54 @@ def test_earlier_chunks_are_decoded_first(remote: SnapshotReader) -> None:
     assert sum(len(idx) for idx, _ in pf) == N
     # The block being decoded when the queue filled may be any; after it, the first window's.
     assert set(order[1 : 1 + len(first)]) == first, (sorted(first), order[: 2 * len(first)])
+
+
+class _Member:
+    """A stand-in prefetcher for SharedDecoders: queued chunks, the consumer's chunk."""
+
+    def __init__(self, name: str, queued: list[int], waiting: int, log: list[str]) -> None:
+        self.name, self.queued, self.waiting, self.log = name, sorted(queued), waiting, log
+
+    def decode_urgency(self) -> float:
+        return self.queued[0] - self.waiting if self.queued else float("inf")
+
+    def decode_next(self) -> bool:
+        if not self.queued:
+            return False
+        self.log.append(f"{self.name}{self.queued.pop(0)}")
+        return True
+
+
+def test_shared_decoders_decode_the_block_needed_soonest_first() -> None:
+    """Source a's consumer waits for chunk 5 and its next queued block is of chunk 6; b's
+    consumer waits for chunk 0 and b queued chunks 0 to 2: b's three go first, then a's."""
+    log: list[str] = []
+    shared = SharedDecoders(1)
+    try:
+        a, b = _Member("a", [6, 7], 5, log), _Member("b", [0, 1, 2], 0, log)
+        shared.join(a)  # type: ignore[arg-type]
+        shared.join(b)  # type: ignore[arg-type]
+        for _ in range(6):  # one more task than blocks: it finds nothing and returns
+            shared._run_one()
+        assert log == ["b0", "a6", "b1", "a7", "b2"]
+        shared.leave(b)  # type: ignore[arg-type]
+        a.queued = [9]
+        shared._run_one()
+        assert log[-1] == "a9"
+    finally:
+        shared.shutdown()
+
+
+def test_prefetchers_on_one_shared_pool_read_their_plans_and_stop(
+    remote: SnapshotReader,
+) -> None:
+    shared = SharedDecoders(2)
+    plans, pfs = zip(*(prefetcher(remote, decoders=shared) for _ in range(2)))
+    try:
+        for plan, pf in zip(plans, pfs):
+            np.testing.assert_array_equal(ids(remote, pf), plan.order())
+    finally:
+        for pf in pfs:
+            pf.close()
+        shared.shutdown()
+    assert not [t for t in snapstore_threads() if t.is_alive()]

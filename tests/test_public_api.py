@@ -270,6 +270,7 @@ MODULE_ALL = {
         "Prefetcher",
         "PrefetcherClosedError",
         "ReadStats",
+        "SharedDecoders",
     ],
     "read.requests": [
         "Concurrency",

@@ -18,7 +18,6 @@ import hashlib
 import math
 import operator
 from collections.abc import Iterator, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import numpy as np
@@ -33,7 +32,7 @@ from .assemble import Allocate, BatchBuilder, chunk_rows, cut_rows, interleave
 from .batches import consumer_of, resume_state, snapshot_id, traced_pass
 from .mixture import MIX_DOMAIN, MixSchedule
 from .options import ReaderOptions
-from .prefetch import Prefetcher, ReadStats
+from .prefetch import Prefetcher, ReadStats, SharedDecoders
 from .reader import SnapshotReader
 
 __all__ = ["MixedBatchReader", "SourceSlice", "source_chunks"]
@@ -143,7 +142,7 @@ class MixedBatchReader:
         self.schedule = MixSchedule(self.units, seed=settings.seed, epoch=self._epoch)
         self._start = self._position = 0
         self._prefetchers: list[Prefetcher] = []
-        self._decoders: ThreadPoolExecutor | None = None
+        self._decoders: SharedDecoders | None = None
         self._streams: list[Iterator[tuple[np.ndarray[Any, Any], dict[int, Any]]]] = []
         self._handoff: Handoff[tuple[dict[str, Any], int]] | None = None
         self._stats = ReadStats()
@@ -298,9 +297,9 @@ class MixedBatchReader:
         self._stats = ReadStats()
         segments = self._segments(start // self.unit)
         budget, threads = self._budget(), self._decode_threads()
-        # One decode pool for all sources: its threads go to whichever source has blocks ready
-        # (as many threads, and as much memory in flight, as one snapshot's reader).
-        self._decoders = ThreadPoolExecutor(threads, "snapstore-decode")
+        # One decode pool for all sources (as many threads as one snapshot's reader): its threads
+        # decode the block the mixture needs soonest, whichever source it is in.
+        self._decoders = SharedDecoders(threads)
         self._prefetchers = []
         for i, ranges in enumerate(self._stream_ranges(segments)):
             source = self.sources[i]
@@ -444,7 +443,7 @@ class MixedBatchReader:
         for prefetcher in self._prefetchers:
             prefetcher.close()
         if self._decoders is not None:
-            self._decoders.shutdown(wait=True)
+            self._decoders.shutdown()
             self._decoders = None
         self._stats = self.stats()
         if self._prefetchers:

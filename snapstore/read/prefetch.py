@@ -38,7 +38,7 @@ import random
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
-from concurrent.futures import Executor, ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -57,6 +57,7 @@ __all__ = [
     "Prefetcher",
     "PrefetcherClosedError",
     "ReadStats",
+    "SharedDecoders",
 ]
 
 log = logging.getLogger(historic_name(__name__))
@@ -202,6 +203,57 @@ class PrefetchLimits:
             )
 
 
+class SharedDecoders:
+    """One decode pool for several prefetchers (a mixture's sources).
+
+    Each task decodes one block of the prefetcher whose next block is needed soonest: the
+    fewest chunks ahead of what its consumer waits for. A mixture's sources are consumed a
+    chunk at a time at about the same pace (a source's window is its share of the mixture's),
+    so this is the order in which the mixture needs the blocks; a pool that took tasks as they
+    were queued would decode one source far ahead while the other kept the consumer waiting,
+    and hold the blocks decoded early.
+
+    Parameters
+    ----------
+    threads : int
+        Decode threads (at least 1).
+    """
+
+    def __init__(self, threads: int) -> None:
+        self._pool = ThreadPoolExecutor(threads, "snapstore-decode")
+        self._members: list[Prefetcher] = []
+        self._lock = threading.Lock()
+
+    def join(self, prefetcher: Prefetcher) -> None:
+        with self._lock:
+            self._members = [*self._members, prefetcher]
+
+    def leave(self, prefetcher: Prefetcher) -> None:
+        with self._lock:
+            self._members = [p for p in self._members if p is not prefetcher]
+
+    def submit(self) -> None:
+        """Decode one queued block, of whichever member needs it soonest."""
+        self._pool.submit(self._run_one)
+
+    def _run_one(self) -> None:
+        while True:
+            ranked = sorted(
+                ((p.decode_urgency(), n, p) for n, p in enumerate(self._members)),
+                key=lambda entry: entry[:2],
+            )
+            if not ranked or ranked[0][0] == math.inf:
+                return  # every queued block was taken by another task, or its prefetcher closed
+            for _, _, member in ranked:
+                if member.decode_next():
+                    return
+
+    def shutdown(self) -> None:
+        """Stop the threads once the tasks queued have run (each returns at once when its
+        prefetchers are closed)."""
+        self._pool.shutdown(wait=True)
+
+
 class Prefetcher:
     """Fetch and decode the blocks of ``chunks`` ahead of the consumer; iterate for the results.
 
@@ -231,9 +283,9 @@ class Prefetcher:
     on_requests : callable, optional
         Called once, on the scheduler thread, when the first chunk's requests are all out (a
         reader's pin starts then: nothing optional goes before the first requests).
-    decoders : Executor, optional
-        A decode pool shared with other prefetchers (a mixture's sources share one, so the
-        threads go to whichever source has blocks to decode); the caller shuts it down.
+    decoders : SharedDecoders, optional
+        A decode pool shared with other prefetchers (a mixture's sources share one: its
+        threads decode whichever source's block is needed soonest); the caller shuts it down.
         Default: a pool of ``limits.decode_threads`` of its own.
     throttles : callable, optional
         ``throttles()``: how many 429/503 answers the store has seen so far (its own retries
@@ -254,7 +306,7 @@ class Prefetcher:
         local: bool = False,
         first_part: int = 0,
         on_requests: Callable[[], None] | None = None,
-        decoders: Executor | None = None,
+        decoders: SharedDecoders | None = None,
         throttles: Callable[[], int] | None = None,
     ) -> None:
         self._chunks = iter(chunks)
@@ -297,9 +349,15 @@ class Prefetcher:
 
         # A pool of its own, or one shared with other prefetchers (a mixture's sources), which
         # it then waits to be done with (``_decoding``) instead of shutting down.
-        self._own_decoders = decoders is None
-        self._decoders = decoders or ThreadPoolExecutor(limits.decode_threads, "snapstore-decode")
-        self._decoding = 0  # decode tasks submitted and not finished
+        self._shared = decoders
+        if decoders is None:
+            self._decoders: ThreadPoolExecutor | None = ThreadPoolExecutor(
+                limits.decode_threads, "snapstore-decode"
+            )
+        else:
+            self._decoders = None
+            decoders.join(self)
+        self._decoding = 0  # blocks being decoded now
         # (chunk, sequence, request, data or None): what the decode threads take next.
         self._decodes: list[tuple[int, int, RangeRequest, Any]] = []
         self._decode_seq = itertools.count()
@@ -388,30 +446,42 @@ class Prefetcher:
             if self._stopped:
                 return
             heapq.heappush(self._decodes, (request.chunk, next(self._decode_seq), request, data))
+        try:
+            if self._decoders is not None:
+                self._decoders.submit(self.decode_next)
+            elif self._shared is not None:
+                self._shared.submit()
+        except RuntimeError:  # the pool shut down: the prefetcher is closed
+            pass
+
+    def decode_urgency(self) -> float:
+        """Chunks between the consumer and the earliest block queued for decoding (inf: none);
+        read without the lock, as a hint for :class:`SharedDecoders`."""
+        try:
+            chunk = self._decodes[0][0]
+        except IndexError:
+            return math.inf
+        return math.inf if self._stopped else chunk - self._waiting_chunk
+
+    def decode_next(self) -> bool:
+        """Decode the earliest queued block (reading it first, for a local store); False if
+        none was queued or the prefetcher is closed."""
+        with self._cond:
+            if self._stopped or not self._decodes:
+                return False
+            _, _, request, data = heapq.heappop(self._decodes)
             self._decoding += 1
         try:
-            self._decoders.submit(self._decode_next)
-        except RuntimeError:  # the pool shut down: the prefetcher is closed
-            self._decoded()
-
-    def _decode_next(self) -> None:
-        try:
-            with self._cond:
-                if self._stopped:
-                    return
-                _, _, request, data = heapq.heappop(self._decodes)
             if data is None:
                 self._run_local(request)
             else:
                 self._decode_all(request, data)
         finally:
-            self._decoded()
-
-    def _decoded(self) -> None:
-        with self._cond:
-            self._decoding -= 1
-            if not self._decoding:
-                self._cond.notify_all()
+            with self._cond:
+                self._decoding -= 1
+                if not self._decoding:
+                    self._cond.notify_all()
+        return True
 
     # -- pool threads -----------------------------------------------------------------------
 
@@ -671,11 +741,12 @@ class Prefetcher:
             self._scheduler.join()
         if self._io is not None:
             self._io.shutdown(wait=True, cancel_futures=True)
-        if self._own_decoders:
+        if self._decoders is not None:
             self._decoders.shutdown(wait=True, cancel_futures=True)
-            self._decoding = 0  # cancelled tasks never ran to count themselves out
+        if self._shared is not None:
+            self._shared.leave(self)
         with self._cond:
-            while self._decoding:  # a shared pool's tasks of ours: they return at once now
+            while self._decoding:  # a shared pool's thread decoding a block of ours
                 self._cond.wait()
             self._ready.clear()
             self._tickets.clear()

@@ -19,7 +19,7 @@ import logging
 import os
 import threading
 from collections.abc import Iterable, Iterator
-from concurrent.futures import Executor, ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -37,7 +37,7 @@ from ..oldpaths import historic_name
 from ..storage import hostindex
 from ..storage.store import Store
 from . import crowd
-from .prefetch import Fetch, Prefetcher, PrefetchLimits
+from .prefetch import Fetch, Prefetcher, PrefetchLimits, SharedDecoders
 
 if TYPE_CHECKING:
     from ..storage.pins import ReadGuard
@@ -403,7 +403,7 @@ class SnapshotReader:
         fetch: Fetch | None = None,
         decode_threads: int | None = None,
         first_part: int = 0,
-        decoders: Executor | None = None,
+        decoders: SharedDecoders | None = None,
     ) -> Prefetcher:
         """Start fetching and decoding the blocks of ``chunks`` ahead of use (see
         :class:`snapstore.read.prefetch.Prefetcher`); iterate the result for ``(indices, blocks)``.
@@ -432,9 +432,9 @@ class SnapshotReader:
             Yield the first chunk's first ``first_part`` samples as soon as their blocks are
             decoded, then the rest of the chunk (e.g. a batch: the first batch does not wait
             for its whole window); 0 yields it whole.
-        decoders : Executor, optional
+        decoders : SharedDecoders, optional
             A decode pool shared with other prefetchers, which the caller shuts down (see
-            :class:`~snapstore.read.prefetch.Prefetcher`).
+            :class:`~snapstore.read.prefetch.SharedDecoders`).
 
         Raises
         ------
