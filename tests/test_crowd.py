@@ -37,14 +37,30 @@ def test_aimd_halves_on_429_and_grows_back_additively() -> None:
     c = Concurrency(maximum=64, initial=32)
     c.on_throttled()
     assert (c.limit, c.level) == (16, 1)
-    c.on_throttled()
-    assert c.limit == 8
+    for _ in range(16):  # a window of answers: requests sent before the halving
+        c.on_throttled()
+    assert (c.limit, c.level, c.throttles) == (16, 1, 17)
+    c.on_throttled()  # 16 answers since the halving: a new window, halved again
+    assert (c.limit, c.level) == (8, 2)
     for _ in range(8):
         c.on_success()
     assert c.limit == 9  # one more per limit's worth of successes
-    for _ in range(10):
+    c.on_throttled()  # 8 answers since the halving, fewer than the limit of 9: counted only
+    assert c.limit == 9
+    for _ in range(40):  # a store that throttles everything: halved once per window
         c.on_throttled()
     assert c.limit == 1
+
+
+def test_one_throttle_in_a_hundred_answers_halves_once_per_window() -> None:
+    """Isolated throttles (1 in 100 answers) halve the limit each time they come a window
+    apart, and successes grow it back in between: it does not collapse to 1."""
+    c = Concurrency(maximum=64, initial=32)
+    for _ in range(20):
+        c.on_throttled()
+        for _ in range(99):
+            c.on_success()
+    assert c.limit >= 8
 
 
 def test_requests_grow_when_throttled() -> None:

@@ -41,9 +41,11 @@ class Concurrency:
 
     Without throttling the limit follows Little's law (see the module's docstring). Once the
     store throttles (:meth:`on_throttled`: HTTP 429 or 503) it is run as TCP runs its window:
-    halved at each throttle, one more per ``limit`` successes (:meth:`on_success`), never above
-    the estimate's doubling on a stall; and each throttle doubles the request size
-    (:attr:`level`, at most :data:`MAX_LEVEL`), so reading the same bytes costs fewer requests.
+    halved at a throttle, at most once per window (``limit`` answers since the last halving:
+    the other requests in flight then were sent at the old rate, and their throttles say the
+    same thing again), one more per ``limit`` successes (:meth:`on_success`), never above the
+    estimate's doubling on a stall; and each halving doubles the request size (:attr:`level`,
+    at most :data:`MAX_LEVEL`), so reading the same bytes costs fewer requests.
 
     Parameters
     ----------
@@ -67,6 +69,7 @@ class Concurrency:
         self.throttles = 0  # 429/503 answers seen
         self.level = 0  # requests are 2**level times larger (see RequestShape.grown)
         self._successes = 0
+        self._since_decrease: int | None = None  # answers since the last halving
 
     def record_latency(self, seconds: float) -> None:
         """A request took ``seconds`` end to end."""
@@ -104,8 +107,14 @@ class Concurrency:
 
     def on_throttled(self) -> None:
         """The store answered 429 or 503: halve the limit (multiplicative decrease) and grow
-        the requests (:attr:`level`), so the same bytes cost fewer requests."""
+        the requests (:attr:`level`), so the same bytes cost fewer requests; a throttle within
+        ``limit`` answers of the last halving is only counted."""
         self.throttles += 1
+        since = self._since_decrease
+        if since is not None and since < self.limit:
+            self._since_decrease = since + 1
+            return
+        self._since_decrease = 0
         self._successes = 0
         self.limit = max(1, self.limit // 2)
         self.level = min(MAX_LEVEL, self.level + 1)
@@ -115,6 +124,8 @@ class Concurrency:
         successes (additive increase), up to ``maximum``; the request size stays grown."""
         if not self.throttles:
             return
+        if self._since_decrease is not None:
+            self._since_decrease += 1
         self._successes += 1
         if self._successes >= self.limit:
             self._successes = 0
