@@ -212,7 +212,7 @@ def _schema(snaps: list[Snapshot], names: list[str], fields: Sequence[str] | Non
                 )
             if schema[field] != snaps[0].schema[field] if field in first.names else False:
                 raise SchemaError(
-                    f"mixture source {name!r}'s field {field!r} is {schema[field]}, but source "
+                    f"mixture source {name!r}: field {field!r} is {schema[field]}, but source "
                     f"{names[0]!r} has {first[field]}; sources must agree on the fields read "
                     "(dtype, shape, ragged or not): pass fields=[...] to leave it out"
                 )
