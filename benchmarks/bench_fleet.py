@@ -40,6 +40,9 @@ def main() -> int:
     parser.add_argument("--duration", type=float, default=60.0)
     parser.add_argument("--shuffle", action="store_true", help="shuffled order (per-block reads)")
     parser.add_argument("--blocks", type=int, default=1 << 20, help="blocks of 256 KiB")
+    parser.add_argument(
+        "--only", nargs="+", default=None, help="adaptation rows to run (e.g. all none)"
+    )
     args = parser.parse_args()
     index = synthetic_index(args.blocks)
     plan = PlanOptions(shuffle=args.shuffle, window_blocks=128)
@@ -49,6 +52,8 @@ def main() -> int:
     for hosts in args.hosts:
         for rate in (None, 5000.0):
             for name, flags in variants():
+                if args.only and name not in args.only:
+                    continue
                 options = FleetOptions(
                     hosts=hosts,
                     per_host=8 if hosts > 1 else 1,
@@ -79,15 +84,19 @@ def main() -> int:
     top = max(args.hosts)
     r = results[top, 5000.0, "all"]
     p99 = float(np.nanpercentile(r.first_batch, 99))
-    steady = r.steady / r.allowed
-    alone = [results[1, None, n].steady for n in ("all", "none")] if 1 in args.hosts else [1, 1]
-    cost = 1 - alone[0] / alone[1]
+    # What the rate allows, or what the hosts' links carry where that is less (1,024 hosts at
+    # 1 Gb/s: 128 GB/s, below 5,000 requests/s of 32 MiB).
+    links = top * BucketLimits().host_bandwidth
+    steady = r.steady / min(r.allowed, links)
+    alone = [results.get((1, None, n)) for n in ("all", "none")]
+    alone_steady = [a.steady if a is not None else 1.0 for a in alone]
+    cost = 1 - alone_steady[0] / alone_steady[1]
     checks = {
         f"p99 first batch {p99:.2f} s <= {TARGET_P99}": p99 <= TARGET_P99,
         f"metadata {r.metadata_per_host:.1f}/host <= {TARGET_META}": r.metadata_per_host
         <= TARGET_META,
         f"429 {100 * r.throttled_share:.2f}% <= 1%": r.throttled_share <= TARGET_429,
-        f"steady {100 * steady:.0f}% of allowed >= 90%": steady >= TARGET_STEADY,
+        f"steady {100 * steady:.0f}% of allowed (rate or links) >= 90%": steady >= TARGET_STEADY,
         f"adaptations cost {100 * cost:.1f}% alone <= 5%": cost <= TARGET_COST,
     }
     missed = [k for k, ok in checks.items() if not ok]

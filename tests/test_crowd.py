@@ -8,7 +8,7 @@ import pytest
 
 from snapstore.errors import StoreError
 from snapstore.read import crowd
-from snapstore.read.requests import MAX_GROWN_BYTES, Concurrency, RequestShape
+from snapstore.read.requests import MAX_GROWN_BYTES, MAX_LEVEL, Concurrency, RequestShape
 from snapstore.storage.retry import is_throttled
 
 
@@ -89,3 +89,23 @@ def test_throttling_errors_are_recognised(exc: BaseException) -> None:
 def test_other_errors_are_not_throttling() -> None:
     assert not is_throttled(FileNotFoundError("x"))
     assert not is_throttled(OSError(errno.ECONNRESET, "reset"))
+
+
+def test_read_ahead_waits_for_every_first_request_then_spreads_in_reverse() -> None:
+    n = 8192
+    span = min(crowd.MAX_START_DELAY, n / crowd.START_RATE)
+    starts = [crowd.start_delay(c, n) for c in range(n)]
+    holds = [crowd.read_ahead_delay(c, n) for c in range(n)]
+    assert crowd.read_ahead_delay(0, 1) == 0.0
+    assert max(starts) <= span <= min(holds) and max(holds) <= 3 * span
+    late = max(range(n), key=starts.__getitem__)
+    assert holds[late] == min(holds)  # the last to start is the first to read ahead
+
+
+def test_a_crowd_starts_with_one_grown_request_and_a_lone_reader_at_its_cap() -> None:
+    assert crowd.crowd_start(1, 128) == (128, 0)
+    assert crowd.crowd_start(crowd.CROWD_READERS - 1, 32) == (32, 0)
+    assert crowd.crowd_start(crowd.CROWD_READERS, 32) == (1, crowd.CROWD_LEVEL)
+    c = Concurrency(32, 1, level=crowd.CROWD_LEVEL)
+    assert (c.limit, c.level) == (1, crowd.CROWD_LEVEL)
+    assert Concurrency(32, level=99).level == MAX_LEVEL

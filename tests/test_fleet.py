@@ -66,8 +66,9 @@ def test_shared_metadata_is_three_requests_per_host() -> None:
 
 
 def test_a_limited_bucket_throttles_and_the_readers_go_on() -> None:
+    """8 readers and 12 metadata requests at once against a bucket of 10 requests/s."""
     index = synthetic_index(4096)
-    result = simulate_fleet(_small(), *index)
+    result = simulate_fleet(_small(limits=BucketLimits(rate=10.0), duration=10.0), *index)
     assert result.throttled > 0
     assert np.isfinite(result.first_batch).all()
 
@@ -104,3 +105,66 @@ def test_simulated_requests_are_the_prefetchers() -> None:
         expected += [(r.path, r.start, r.length)
                      for r in form_requests(order, number, index, paths, shape)]  # fmt: skip
     assert sorted(seen) == sorted(expected)
+
+
+def _prefetch(
+    fetch: Any, limits: PrefetchLimits, window: int = 16
+) -> tuple[Prefetcher, EpochPlan, Any]:
+    index, offsets, paths = synthetic_index(256, block_bytes=4096, rows=8, per_shard=64)
+    plan = EpochPlan(None, offsets=offsets, epoch=0, rank=0, world_size=1,
+                     options=PlanOptions(shuffle=False, window_blocks=window))  # fmt: skip
+    prefetcher = Prefetcher(
+        plan.chunks(),
+        locate=lambda i: np.searchsorted(offsets, i, side="right") - 1,
+        index=index,
+        paths=paths,
+        fetch=fetch,
+        decode=lambda b, data: b,
+        limits=limits,
+    )
+    return prefetcher, plan, index
+
+
+def test_read_ahead_waits_for_its_delay_and_the_first_chunk_does_not() -> None:
+    """A reader in a crowd asks for its first chunk at once and for nothing past it before
+    read_ahead_delay (crowd.read_ahead_delay) has passed since it started."""
+    import time
+
+    seen: list[tuple[float, int]] = []
+
+    def fetch(path: str, start: int, length: int) -> bytes:
+        seen.append((time.perf_counter(), int(path[-5:]) * 64 + start // 4096))
+        return bytes(length)
+
+    limits = PrefetchLimits(1 << 30, max_requests=4, initial_requests=4, read_ahead_delay=0.3)
+    prefetcher, plan, _ = _prefetch(fetch, limits)
+    for _ in prefetcher:
+        pass
+    opened = prefetcher._started
+    first_chunk = next(iter(plan.chunks()))
+    first_blocks = set((first_chunk // 8).tolist())  # 8 rows a block
+    early = [block for at, block in seen if at < opened + 0.3]
+    assert early and set(early) <= first_blocks  # only the first chunk before the delay
+    assert any(block not in first_blocks for _, block in seen)  # and the rest after it
+
+
+def test_a_throttle_mid_chunk_grows_the_rest_of_its_requests() -> None:
+    """One request in flight at a time; the first answer is a throttle (EBUSY): the chunk's
+    requests not yet sent are formed again, grown, and every block is still read once."""
+    import errno
+
+    lengths: list[int] = []
+
+    def fetch(path: str, start: int, length: int) -> bytes:
+        lengths.append(length)
+        if len(lengths) == 1:
+            raise OSError(errno.EBUSY, "slow down")
+        return bytes(length)
+
+    limits = PrefetchLimits(1 << 30, max_requests=1, initial_requests=1, max_request_bytes=16384)
+    prefetcher, _, index = _prefetch(fetch, limits, window=64)
+    for _ in prefetcher:
+        pass
+    assert prefetcher.concurrency.level == 1
+    assert max(lengths) > 16384  # grown past the plain maximum after the throttle
+    assert sum(lengths[1:]) == int(index["length"].sum())  # each block once, the retry too

@@ -75,8 +75,9 @@ class FleetOptions:
     max_request_bytes : int
         Coalescing bound before any growth (8 MiB, as the reader).
     share_metadata, jitter, grow, aimd : bool
-        The adaptations: one metadata fetch per host, starts spread by rank, requests grown
-        and the limit cut on 429/503 (with the per-host request budget).
+        The adaptations: one metadata fetch per host; starts and read-ahead spread by rank;
+        requests grown (from the start in a crowd, and on 429/503); the limit starting at one
+        request in a crowd and cut on 429/503 (with the per-host request budget).
     seed : int
         Seeds the 503s and the retry jitter: a run is a function of its options.
     """
@@ -206,7 +207,14 @@ class _Reader:
         self.fleet, self.host, self.consumer = fleet, host, consumer
         options = fleet.options
         cap = crowd.host_requests(options.per_host, _READER_CAP) if options.aimd else _READER_CAP
-        self.concurrency = Concurrency(cap, cap)
+        consumers = options.hosts * options.per_host
+        initial, level = crowd.crowd_start(consumers, cap)
+        self.concurrency = Concurrency(
+            cap, initial if options.aimd else cap, level=level if options.grow else 0
+        )
+        self.hold = crowd.read_ahead_delay(consumer, consumers) if options.jitter else 0.0
+        self.held_pump = False
+        self.formed_level = self.concurrency.level
         self.shape = RequestShape(options.max_request_bytes)
         self.chunks: Iterator[np.ndarray[Any, Any]] = itertools.chain.from_iterable(
             _epoch(plan, e, fleet.offsets).chunks() for e in itertools.count()
@@ -239,6 +247,7 @@ class _Reader:
                 (np.searchsorted(fleet.offsets, head, side="right") - 1).tolist()
             )
         level = self.concurrency.level if fleet.options.grow else 0
+        self.formed_level = level
         requests = list(
             form_requests(blocks, number, fleet.index, fleet.paths, self.shape.grown(level))
         )
@@ -252,8 +261,11 @@ class _Reader:
     def pump(self) -> None:
         """Send what the admission rule lets out, forming the next chunk's requests as needed."""
         while True:
+            if self.scheduled >= 1 and self._holding():
+                return
             if not self.pending and not self._next_chunk():
                 return
+            self._regrow()
             request = self.pending[0]
             if not admits(
                 request,
@@ -268,6 +280,39 @@ class _Reader:
             self.in_flight += 1
             self.held += request.cost
             self._send(request, 1)
+
+    def _holding(self) -> bool:
+        """Read-ahead waits for the crowd's first chunks (the Prefetcher's hold before its
+        second chunk); True while it does, with a pump set for when it ends."""
+        now = self.fleet.loop.now
+        if now >= self.hold or (self.pending and self.pending[0].chunk == 0):
+            return False
+        if not self.held_pump:
+            self.held_pump = True
+
+            def resume() -> None:
+                self.held_pump = False
+                self.pump()
+
+            self.fleet.loop.at(self.hold, resume)
+        return True
+
+    def _regrow(self) -> None:
+        """Requests not yet sent, formed again once the level grew (as the Prefetcher forms
+        the rest of a chunk again)."""
+        level = self.concurrency.level if self.fleet.options.grow else 0
+        if level == self.formed_level:
+            return
+        self.formed_level = level
+        fleet, shape = self.fleet, self.shape.grown(level)
+        regrown: list[RangeRequest] = []
+        for chunk in sorted({r.chunk for r in self.pending}):
+            rest = [b for r in self.pending if r.chunk == chunk for b, _, _ in r.blocks]
+            formed = list(form_requests(rest, chunk, fleet.index, fleet.paths, shape))
+            before = sum(1 for r in self.pending if r.chunk == chunk)
+            self.chunk_requests[chunk] += len(formed) - before
+            regrown.extend(formed)
+        self.pending = regrown
 
     def _send(self, request: RangeRequest, attempt: int) -> None:
         self.fleet.bucket.send(

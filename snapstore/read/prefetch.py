@@ -173,6 +173,12 @@ class PrefetchLimits:
         Extra attempts for a request after a transient error or a read that came back short.
     start_delay : float
         Seconds to wait before the first requests (:func:`start_delay`: ranks spread out).
+    read_ahead_delay : float
+        Seconds from the start before requests for chunks past the first
+        (:func:`~snapstore.read.crowd.read_ahead_delay`: a crowd's first chunks go first).
+    initial_level : int
+        Request growth to start with (:attr:`Concurrency.level`): a crowd's readers start
+        grown, so that each first chunk is fewer requests.
 
     Raises
     ------
@@ -187,16 +193,19 @@ class PrefetchLimits:
     max_request_bytes: int = 8 << 20
     retries: int = 3
     start_delay: float = 0.0
+    read_ahead_delay: float = 0.0
+    initial_level: int = 0
 
     def __post_init__(self) -> None:
         # In the order SnapshotReader.prefetch has always checked them (threads size requests).
         for name in ("decode_threads", "max_requests"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name}: expected an int >= 1, found {getattr(self, name)}")
-        if not (0.0 <= self.start_delay <= 60.0):
-            raise ValueError(
-                f"start_delay: expected seconds in [0, 60], found {self.start_delay!r}"
-            )
+        for name in ("start_delay", "read_ahead_delay"):
+            if not (0.0 <= getattr(self, name) <= 60.0):
+                raise ValueError(
+                    f"{name}: expected seconds in [0, 60], found {getattr(self, name)!r}"
+                )
         if self.budget_bytes < 1:
             raise ValueError(
                 f"prefetch budget: expected a positive number of bytes, found {self.budget_bytes}"
@@ -323,7 +332,9 @@ class Prefetcher:
         self._retries = limits.retries
         self._first_part = first_part
         self._on_requests = on_requests
-        self.concurrency = Concurrency(limits.max_requests, limits.initial_requests)
+        self.concurrency = Concurrency(
+            limits.max_requests, limits.initial_requests, level=limits.initial_level
+        )
 
         self._cond = threading.Condition()
         self._tickets: dict[int, _Chunk] = {}  # scheduled chunks the consumer has not finished
@@ -391,12 +402,26 @@ class Prefetcher:
                     self._tickets[number] = _Chunk(indices, order)
                     self._scheduled = number + 1
                     self._cond.notify_all()
-                shape = self._shape.grown(self.concurrency.level)
-                requests = form_requests(fresh, number, self._index, self._paths, shape)
-                for request in requests:
-                    if not self._admit(request):
+                if number == 1 and not self._hold_read_ahead():
+                    return
+                level = self.concurrency.level
+                requests = list(
+                    form_requests(fresh, number, self._index, self._paths, self._shape.grown(level))
+                )
+                sent = 0
+                while sent < len(requests):
+                    if not self._admit(requests[sent]):
                         return
-                    self._submit(request)
+                    self._submit(requests[sent])
+                    sent += 1
+                    if self.concurrency.level != level and sent < len(requests):
+                        # Throttled meanwhile: the rest of the chunk in the grown requests.
+                        level = self.concurrency.level
+                        rest = [b for r in requests[sent:] for b, _, _ in r.blocks]
+                        shape = self._shape.grown(level)
+                        requests[sent:] = form_requests(
+                            rest, number, self._index, self._paths, shape
+                        )
                 if self._on_requests is not None:
                     callback, self._on_requests = self._on_requests, None
                     callback()
@@ -408,6 +433,17 @@ class Prefetcher:
             with self._cond:
                 self._scheduled_all = True
                 self._cond.notify_all()
+
+    def _hold_read_ahead(self) -> bool:
+        """Wait until ``read_ahead_delay`` after the start; False if closed meanwhile."""
+        until = self._started + self.limits.read_ahead_delay
+        with self._cond:
+            while not self._stopped:
+                left = until - time.perf_counter()
+                if left <= 0:
+                    return True
+                self._cond.wait(left)
+            return False
 
     def _admit(self, request: RangeRequest) -> bool:
         """Wait until ``request`` may start; False if the prefetcher was closed meanwhile."""

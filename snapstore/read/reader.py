@@ -418,10 +418,13 @@ class SnapshotReader:
             Cap on requests in flight: default, for remote stores, this reader's share of a
             host's 256 (:func:`snapstore.read.crowd.host_requests`: 128 alone, 32 for each of
             8 ranks on a host) and twice the decode threads for local ones (whose reads are
-            memory-map slices). A remote reader among many ranks (``RANK``/``WORLD_SIZE``) also
-            waits :func:`snapstore.read.crowd.start_delay` before its first requests. The
-            prefetcher starts at the cap and lowers its limit towards what Little's law says the
-            consumer needs while nobody waits.
+            memory-map slices). The prefetcher starts at the cap and lowers its limit towards
+            what Little's law says the consumer needs while nobody waits. A remote reader among
+            many ranks (``RANK``/``WORLD_SIZE``) instead waits
+            :func:`snapstore.read.crowd.start_delay` before its first requests and
+            :func:`~snapstore.read.crowd.read_ahead_delay` before reading past its first chunk,
+            and starts with one request in flight and grown requests
+            (:func:`~snapstore.read.crowd.crowd_start`).
         fetch : callable, optional
             ``fetch(path, start, length)`` to use instead of the store's range read (to inject
             latency or faults, or to route reads elsewhere); paths are relative to the store.
@@ -446,13 +449,16 @@ class SnapshotReader:
         rank, world, on_host = crowd.place()
         if max_requests is None:
             max_requests = 2 * threads if local else crowd.host_requests(on_host)
+        initial, level = crowd.crowd_start(1 if local else world, max_requests)
         limits = PrefetchLimits(
             budget_bytes,
             max_requests=max_requests,
-            initial_requests=max_requests,
+            initial_requests=initial,
             decode_threads=threads,
             max_request_bytes=8 << 20 if self.store.coalesce else 0,
             start_delay=0.0 if local else crowd.start_delay(rank, world),
+            read_ahead_delay=0.0 if local else crowd.read_ahead_delay(rank, world),
+            initial_level=level,
         )
         store = self.store
         return Prefetcher(

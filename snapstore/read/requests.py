@@ -55,9 +55,13 @@ class Concurrency:
         Starting limit (clamped to ``[1, maximum]``).
     headroom : float
         Multiplier on the Little's-law estimate, to absorb latency variance.
+    level : int
+        Starting :attr:`level` (a reader in a crowd starts with grown requests).
     """
 
-    def __init__(self, maximum: int, initial: int = 8, headroom: float = 2.0) -> None:
+    def __init__(
+        self, maximum: int, initial: int = 8, headroom: float = 2.0, level: int = 0
+    ) -> None:
         if maximum < 1:
             raise ValueError(f"Concurrency: expected maximum >= 1, found {maximum}")
         self.maximum = maximum
@@ -67,7 +71,7 @@ class Concurrency:
         self._rate = math.nan  # EWMA of requests consumed per second
         self._last_consumed: float | None = None
         self.throttles = 0  # 429/503 answers seen
-        self.level = 0  # requests are 2**level times larger (see RequestShape.grown)
+        self.level = min(MAX_LEVEL, max(0, level))  # requests 2**level larger (RequestShape.grown)
         self._successes = 0
         self._since_decrease: int | None = None  # answers since the last halving
 
