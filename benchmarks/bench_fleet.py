@@ -89,8 +89,7 @@ def main() -> int:
     links = top * BucketLimits().host_bandwidth
     steady = r.steady / min(r.allowed, links)
     alone = [results.get((1, None, n)) for n in ("all", "none")]
-    alone_steady = [a.steady if a is not None else 1.0 for a in alone]
-    cost = 1 - alone_steady[0] / alone_steady[1]
+    cost = 1 - alone[0].steady / alone[1].steady if alone[0] and alone[1] else 0.0
     checks = {
         f"p99 first batch {p99:.2f} s <= {TARGET_P99}": p99 <= TARGET_P99,
         f"metadata {r.metadata_per_host:.1f}/host <= {TARGET_META}": r.metadata_per_host

@@ -210,7 +210,10 @@ class _Reader:
         consumers = options.hosts * options.per_host
         initial, level = crowd.crowd_start(consumers, cap)
         self.concurrency = Concurrency(
-            cap, initial if options.aimd else cap, level=level if options.grow else 0
+            cap,
+            initial if options.aimd else cap,
+            level=level if options.grow else 0,
+            crowd=options.aimd and level > 0,
         )
         self.hold = crowd.read_ahead_delay(consumer, consumers) if options.jitter else 0.0
         self.held_pump = False
@@ -315,11 +318,12 @@ class _Reader:
         self.pending = regrown
 
     def _send(self, request: RangeRequest, attempt: int) -> None:
+        sent = self.fleet.loop.now
         self.fleet.bucket.send(
-            self.host, request.length, lambda s: self._answer(request, attempt, s)
+            self.host, request.length, lambda s: self._answer(request, attempt, s, sent)
         )
 
-    def _answer(self, request: RangeRequest, attempt: int, status: int) -> None:
+    def _answer(self, request: RangeRequest, attempt: int, status: int, sent: float) -> None:
         fleet = self.fleet
         if status != 200:  # the store layer retries after a jittered backoff
             if fleet.options.aimd:
@@ -332,7 +336,7 @@ class _Reader:
         self.in_flight -= 1
         if fleet.options.aimd:
             self.concurrency.on_success()
-        self.concurrency.record_latency(fleet.options.limits.latency)
+        self.concurrency.record_latency(fleet.loop.now - sent, request.length)
         chunk = request.chunk
         self.missing[chunk] -= len(request.blocks)
         if chunk == 0 and self.first_blocks:

@@ -179,6 +179,8 @@ class PrefetchLimits:
     initial_level : int
         Request growth to start with (:attr:`Concurrency.level`): a crowd's readers start
         grown, so that each first chunk is fewer requests.
+    crowd : bool
+        One of many readers on one bucket (:class:`Concurrency`'s ``crowd``).
 
     Raises
     ------
@@ -195,6 +197,7 @@ class PrefetchLimits:
     start_delay: float = 0.0
     read_ahead_delay: float = 0.0
     initial_level: int = 0
+    crowd: bool = False
 
     def __post_init__(self) -> None:
         # In the order SnapshotReader.prefetch has always checked them (threads size requests).
@@ -333,7 +336,10 @@ class Prefetcher:
         self._first_part = first_part
         self._on_requests = on_requests
         self.concurrency = Concurrency(
-            limits.max_requests, limits.initial_requests, level=limits.initial_level
+            limits.max_requests,
+            limits.initial_requests,
+            level=limits.initial_level,
+            crowd=limits.crowd,
         )
 
         self._cond = threading.Condition()
@@ -621,7 +627,7 @@ class Prefetcher:
             if seconds:
                 self._sample_latency(seconds)
                 self._busy += seconds
-                self.concurrency.record_latency(seconds)
+                self.concurrency.record_latency(seconds, nbytes)
             if error is not None:
                 for b, _, _ in request.blocks:
                     self._ready[b] = error

@@ -459,6 +459,7 @@ class SnapshotReader:
             start_delay=0.0 if local else crowd.start_delay(rank, world),
             read_ahead_delay=0.0 if local else crowd.read_ahead_delay(rank, world),
             initial_level=level,
+            crowd=level > 0,
         )
         store = self.store
         return Prefetcher(

@@ -57,10 +57,20 @@ class Concurrency:
         Multiplier on the Little's-law estimate, to absorb latency variance.
     level : int
         Starting :attr:`level` (a reader in a crowd starts with grown requests).
+    crowd : bool
+        A reader among many on one bucket: a stall does not raise the limit while requests
+        take over twice as long per byte as the fastest did (:meth:`queueing`): more of them
+        would only wait in the same queue (the host's link, the bucket) and spend the bucket's
+        request budget.
     """
 
     def __init__(
-        self, maximum: int, initial: int = 8, headroom: float = 2.0, level: int = 0
+        self,
+        maximum: int,
+        initial: int = 8,
+        headroom: float = 2.0,
+        level: int = 0,
+        crowd: bool = False,
     ) -> None:
         if maximum < 1:
             raise ValueError(f"Concurrency: expected maximum >= 1, found {maximum}")
@@ -74,13 +84,26 @@ class Concurrency:
         self.level = min(MAX_LEVEL, max(0, level))  # requests 2**level larger (RequestShape.grown)
         self._successes = 0
         self._since_decrease: int | None = None  # answers since the last halving
+        self.crowd = crowd
+        self._per_byte = math.nan  # EWMA of request seconds per byte
+        self._per_byte_best = math.inf  # the fastest request, seconds per byte
 
-    def record_latency(self, seconds: float) -> None:
-        """A request took ``seconds`` end to end."""
+    def record_latency(self, seconds: float, nbytes: int = 0) -> None:
+        """A request of ``nbytes`` bytes (0: not known) took ``seconds`` end to end."""
         a = 0.2
         self._latency = (
             seconds if math.isnan(self._latency) else (1 - a) * self._latency + a * seconds
         )
+        if nbytes > 0 and seconds > 0:
+            per = seconds / nbytes
+            self._per_byte_best = min(self._per_byte_best, per)
+            self._per_byte = (
+                per if math.isnan(self._per_byte) else (1 - a) * self._per_byte + a * per
+            )
+
+    def queueing(self) -> bool:
+        """Requests take over twice as long per byte as the fastest one did: they queue."""
+        return self._per_byte > 2 * self._per_byte_best
 
     def record_consumed(self, requests: float, now: float) -> None:
         """The consumer finished with data worth ``requests`` requests at time ``now``."""
@@ -97,8 +120,9 @@ class Concurrency:
         return max(1, min(self.maximum, math.ceil(self._rate * self._latency * self.headroom)))
 
     def on_stall(self, limited: bool) -> None:
-        """The consumer waited; ``limited`` says the limit (not the budget) held requests back."""
-        if limited:
+        """The consumer waited; ``limited`` says the limit (not the budget) held requests back:
+        double the limit (at least to the estimate), unless a crowd's requests queue."""
+        if limited and not (self.crowd and self.queueing()):
             self.limit = min(self.maximum, max(self.limit * 2, self.target()))
 
     def on_idle(self) -> None:
