@@ -411,3 +411,38 @@ def test_window_permutation_is_a_bijection(n: int, key: int) -> None:
     np.testing.assert_array_equal(perm, window_permutation(n, key))
     if n >= 10:
         assert not np.array_equal(perm, window_permutation(n, key + 1))
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    rows=st.lists(st.integers(0, 9), min_size=1, max_size=60),
+    shuffle=st.booleans(),
+    window=st.integers(1, 8),
+    version=st.sampled_from([1, 2]),
+    consumers=st.integers(1, 5),
+    epochs=st.lists(st.integers(0, 6), min_size=1, max_size=3),
+)
+def test_for_epoch_and_for_rank_are_new_plans_for_them(
+    rows: list[int], shuffle: bool, window: int, version: int, consumers: int, epochs: list[int]
+) -> None:
+    """Uniform and varying block sizes, shuffled or not, either order version: a plan made
+    from another epoch's or rank's gives the same order as a plan made for it."""
+    options = PlanOptions(shuffle=shuffle, seed=3, window_blocks=window, order_version=version)
+    base = EpochPlan(rows, epoch=0, rank=consumers - 1, world_size=consumers, options=options)
+    plan = base
+    for epoch in epochs:
+        plan = plan.for_epoch(epoch)
+        fresh = EpochPlan(
+            rows, epoch=epoch, rank=consumers - 1, world_size=consumers, options=options
+        )
+        assert plan.epoch == epoch
+        np.testing.assert_array_equal(plan.order(), fresh.order())
+        for rank in range(consumers):
+            other = EpochPlan(rows, epoch=epoch, rank=rank, world_size=consumers, options=options)
+            np.testing.assert_array_equal(plan.for_rank(rank).order(), other.order())
+        assert [len(c) for c in plan.chunks()] == [len(c) for c in fresh.chunks()]
+    assert base.epoch == 0  # the plan it was made from is unchanged
+    with pytest.raises(ValueError):
+        base.for_epoch(-1)
+    with pytest.raises(ValueError):
+        base.for_rank(consumers)

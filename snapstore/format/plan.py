@@ -37,6 +37,7 @@ on it. Changing any of this changes the epoch order and requires a new order ver
 
 from __future__ import annotations
 
+import copy
 import operator
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -528,6 +529,32 @@ class EpochPlan:
         if options.shuffle and self._uniform is None:
             self._bounds = self._streamed_bounds()
 
+    def for_epoch(self, epoch: int) -> EpochPlan:
+        """This plan for epoch ``epoch``: the same offsets, consumer and options, without
+        checking the offsets again (what depends on the epoch is computed anew: O(consumers)
+        when shuffled, O(1) otherwise). Equal to a new ``EpochPlan`` for that epoch."""
+        plan = copy.copy(self)
+        plan.epoch = _check_range("epoch", epoch, 0)
+        plan._key = derive_key(self.options.seed, plan.epoch, BLOCK_DOMAIN)
+        if self.options.shuffle:
+            if self._uniform is not None:
+                last = self._blocks - 1
+                where = unpermute_one(last, self._blocks, plan._key) if last >= 0 else 0
+                plan._uniform = (self._uniform[0], where)
+            plan._segments = plan._consumer_segments()
+            if plan._uniform is None:
+                plan._bounds = plan._streamed_bounds()
+        return plan
+
+    def for_rank(self, rank: int) -> EpochPlan:
+        """This plan for rank ``rank`` (the same worker of the same workers): the same offsets,
+        epoch and options, without checking the offsets again, in O(1) (every consumer's
+        segments are in each plan). Equal to a new ``EpochPlan`` for that rank."""
+        plan = copy.copy(self)
+        plan.rank = _check_range("rank", rank, 0, self.world_size)
+        plan.consumer = plan.rank * self.num_workers + self.worker
+        return plan
+
     @property
     def num_windows(self) -> int:
         """Number of windows (groups of consecutive permuted blocks) in the epoch."""
@@ -591,8 +618,18 @@ class EpochPlan:
         return np.asarray(np.minimum(starts[segment] + offset, ends), np.int64)
 
     def _block_start(self, window: int) -> int:
-        """Where window ``window`` starts in the block order (``blocks`` past the last one)."""
-        return int(self._block_starts(np.array([window], np.int64))[0])
+        """Where window ``window`` starts in the block order (``blocks`` past the last one):
+        :meth:`_block_starts` for one window, in scalars (called per window while reading)."""
+        starts, before = self._segments
+        segment = min(int(np.searchsorted(before, window, side="right")) - 1, starts.size - 1)
+        local = window - int(before[segment])
+        ramp = self._ramp
+        if local < len(ramp):
+            offset = ramp[local]
+        else:
+            offset = ramp[-1] + (local - len(ramp) + 1) * self.options.window_blocks
+        end = int(starts[segment + 1]) if segment + 1 < starts.size else self._blocks
+        return min(int(starts[segment]) + offset, end)
 
     def block_order(self) -> IntArray:
         """Return the epoch's block order (block ids in the order ``G`` visits them)."""

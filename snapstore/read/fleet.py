@@ -376,16 +376,7 @@ class _Reader:
 
 def _epoch(plan: EpochPlan, epoch: int, offsets: np.ndarray[Any, Any]) -> EpochPlan:
     """``plan`` for epoch ``epoch``: a run reads on past the end of an epoch."""
-    if epoch == plan.epoch:
-        return plan
-    return EpochPlan(
-        None,
-        offsets=offsets,
-        epoch=epoch,
-        rank=plan.rank,
-        world_size=plan.world_size,
-        options=plan.options,
-    )
+    return plan if epoch == plan.epoch else plan.for_epoch(epoch)
 
 
 class _Fleet:
@@ -396,21 +387,11 @@ class _Fleet:
         self.random = random.Random(options.seed + 1)
         self.metadata = [0] * options.hosts
         consumers = options.hosts * options.per_host
+        first = EpochPlan(
+            None, offsets=offsets, epoch=0, rank=0, world_size=consumers, options=options.plan
+        )
         self.readers = [
-            _Reader(
-                self,
-                c // options.per_host,
-                c,
-                EpochPlan(
-                    None,
-                    offsets=offsets,
-                    epoch=0,
-                    rank=c,
-                    world_size=consumers,
-                    options=options.plan,
-                ),
-            )
-            for c in range(consumers)
+            _Reader(self, c // options.per_host, c, first.for_rank(c)) for c in range(consumers)
         ]
 
     def blocks_of(self, indices: np.ndarray[Any, Any]) -> list[int]:
