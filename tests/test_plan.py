@@ -446,3 +446,20 @@ def test_for_epoch_and_for_rank_are_new_plans_for_them(
         base.for_epoch(-1)
     with pytest.raises(ValueError):
         base.for_rank(consumers)
+
+
+@settings(max_examples=80, deadline=None)
+@given(
+    rows=st.lists(st.integers(0, 9), min_size=1, max_size=80),
+    window=st.integers(1, 9),
+    version=st.sampled_from([1, 2]),
+)
+def test_unshuffled_window_lookup_is_the_binary_search(
+    rows: list[int], window: int, version: int
+) -> None:
+    """Empty blocks included: the direct lookup of an unshuffled plan's window finds what the
+    search over window starts finds, at every position."""
+    options = PlanOptions(shuffle=False, window_blocks=window, order_version=version)
+    plan = EpochPlan(rows, epoch=0, rank=0, world_size=1, options=options)
+    for position in range(plan.total_samples):
+        assert plan._find_window(position) == plan._search_window(position)

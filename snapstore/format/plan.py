@@ -37,6 +37,7 @@ on it. Changing any of this changes the epoch order and requires a new order ver
 
 from __future__ import annotations
 
+import bisect
 import copy
 import operator
 from collections.abc import Iterator
@@ -673,6 +674,18 @@ class EpochPlan:
         """The last window that starts at or before ``position`` of G (a binary search)."""
         if self._bounds is not None:
             return int(np.searchsorted(self._bounds, position, side="right")) - 1
+        if not self.options.shuffle:
+            # One segment, blocks in written order: the window of the last block that starts at
+            # or before the position, from the layout (what the search below finds, in O(1)).
+            block = int(np.searchsorted(self._offsets, position, side="right")) - 1
+            ramp = self._ramp
+            if block < ramp[-1]:
+                return bisect.bisect_right(ramp, block) - 1
+            return len(ramp) - 1 + (block - ramp[-1]) // self.options.window_blocks
+        return self._search_window(position)
+
+    def _search_window(self, position: int) -> int:
+        """:meth:`_find_window` by a binary search over the window starts."""
         lo, hi = 0, self.num_windows + 1
         while lo < hi:
             mid = (lo + hi) // 2
