@@ -20,7 +20,7 @@ import snapstore
 from snapstore.manage.catalog import list_snapshots_sharing, resolve_fingerprint
 from snapstore.manage.gc import find_garbage
 from snapstore.read.prefetch import ReadStats
-from snapstore.storage.simulate import simulated_store
+from snapstore.storage.simulate import Faults, faulty_store, simulated_store
 from snapstore.storage.store import Store
 from snapstore.verdict import analyze
 from snapstore.write.engines import usable_cores
@@ -171,9 +171,10 @@ def head_command(
 _NUMBER = r"\s*([0-9]*\.?[0-9]+(?:[eE][-+]?[0-9]+)?)\s*"
 if TYPE_CHECKING:
     _FloatParam = click.ParamType[float]
+    _RatesParam = click.ParamType[dict[str, float]]
     _IntParam = click.ParamType[int]
 else:  # click < 8.3's ParamType is not generic at run time
-    _FloatParam = _IntParam = click.ParamType
+    _FloatParam = _IntParam = _RatesParam = click.ParamType
 _SECONDS = {"": 1.0, "s": 1.0, "ms": 1e-3, "us": 1e-6, "µs": 1e-6}
 _BYTES = {"": 1.0, "b": 1.0, "kb": 1e3, "mb": 1e6, "gb": 1e9}
 _BYTES |= {"kib": 2.0**10, "mib": 2.0**20, "gib": 2.0**30}
@@ -198,6 +199,39 @@ class Duration(_FloatParam):
                 ctx,
             )
         return seconds
+
+
+class FaultRates(_RatesParam):
+    """``NAME=VALUE,...`` of :class:`snapstore.storage.simulate.Faults`' settings, checked as
+    ``Faults`` checks them: ``error_rate=0.03,throttle_rate=0.01,short_body=0.01``."""
+
+    name = "faults"
+
+    def convert(
+        self, value: Any, param: click.Parameter | None, ctx: click.Context | None
+    ) -> dict[str, float]:
+        if isinstance(value, dict):
+            return value
+        known = [f for f in Faults.__dataclass_fields__ if f != "seed"]
+        settings: dict[str, float] = {}
+        for item in str(value).split(","):
+            name, sep, number = item.strip().partition("=")
+            if not sep or name not in known:
+                self.fail(
+                    f"expected NAME=VALUE pairs separated by commas, NAME one of "
+                    f"{', '.join(known)}, found {item.strip()!r} in {value!r}",
+                    param,
+                    ctx,
+                )
+            try:
+                settings[name] = float(number)
+            except ValueError:
+                self.fail(f"expected a number for {name}, found {number!r}", param, ctx)
+        try:
+            Faults(**settings)  # type: ignore[arg-type]
+        except ValueError as exc:
+            self.fail(f"{exc} (in {value!r})", param, ctx)
+        return settings
 
 
 class Rate(_FloatParam):
@@ -314,6 +348,11 @@ def _format_bench(data: dict[str, Any]) -> str:
     if sim is not None:
         bandwidth = "unlimited" if sim["bandwidth"] is None else f"{sim['bandwidth'] / 1e6:g} MB/s"
         lines.append(f"simulated       ttfb {_ms(sim['ttfb'])}, {bandwidth} per request")
+    faults = data.get("simulated_faults")
+    if faults is not None:
+        asked = ", ".join(f"{k} {v:g}" for k, v in faults["settings"].items())
+        met = ", ".join(f"{k} x{n}" for k, n in sorted(faults["met"].items())) or "none"
+        lines.append(f"faults          {asked} (seed {faults['seed']}); met: {met}")
     rate = r["bytes_per_s"]
     per_s = "-" if r["samples_per_s"] is None else f"{r['samples_per_s']:,.0f}"
     lines += [
@@ -360,6 +399,14 @@ def _format_bench(data: dict[str, Any]) -> str:
     default=None,
     help="Limit each request to this rate (e.g. 200MB/s), as a bucket would.",
 )
+@click.option(
+    "--simulate-faults",
+    type=FaultRates(),
+    default=None,
+    help="Fail requests as a bucket does, e.g. error_rate=0.03,throttle_rate=0.01,short_body=0.01 "
+    "(faulty_store's settings); the store's retries answer them.",
+)
+@click.option("--fault-seed", type=int, default=0, show_default=True, help="Which requests fail.")
 @click.option("--seed", type=int, default=None, help="Shuffle seed (default 0).")
 @click.option(
     "--window-bytes", type=Size(), default=None, help="Shuffle window, e.g. 32MiB (the default)."
@@ -401,6 +448,8 @@ def bench_command(
     workers: int,
     simulate_ttfb: float | None,
     simulate_bandwidth: float | None,
+    simulate_faults: dict[str, float] | None,
+    fault_seed: int,
     seed: int | None,
     window_bytes: int | None,
     prefetch_bytes: int | None,
@@ -425,6 +474,9 @@ def bench_command(
     if simulate_ttfb is not None or simulate_bandwidth is not None:
         simulated = {"ttfb": simulate_ttfb or 0.0, "bandwidth": simulate_bandwidth}
         store = simulated_store(obj.store, ttfb=simulated["ttfb"], bandwidth=simulate_bandwidth)
+    if simulate_faults is not None:
+        rates: dict[str, Any] = dict(simulate_faults)
+        store = faulty_store(store, seed=fault_seed, **rates)
     recording = snapstore.trace(trace_path) if trace_path else contextlib.nullcontext()
     with recording, snapstore.open(full, root=store) as snap:
         per_epoch, first, wall = _read_epochs(snap, epochs, batch_size, options, workers)
@@ -437,6 +489,9 @@ def bench_command(
         "simulated": simulated,
         "results": _bench_result(per_epoch, first, wall),
     }
+    if simulate_faults is not None:
+        met = dict(getattr(getattr(store, "fs", None), "injected", {}))
+        data["simulated_faults"] = {"settings": simulate_faults, "seed": fault_seed, "met": met}
     verdict = analyze(trace_path, cpus=usable_cores()) if trace_path else None
     if verdict is not None:
         data["trace"] = {"path": trace_path, "verdict": verdict.as_dict()}

@@ -141,6 +141,42 @@ def test_bench_simulated_bucket_and_workers(store: Store) -> None:
     assert "samples/s" in out and "first batch" in out and "stall" in out
 
 
+def test_bench_through_simulated_faults_reads_every_sample(store: Store) -> None:
+    """Faults injected (5% of the requests fail with a 503, 2% of bodies cut short) over 250
+    blocks read in small windows: the store's retries answer them, the epochs are whole, and
+    the report says what was met."""
+    options = snapstore.WriteOptions(block_bytes=256, block_min_rows=8)
+    snap = snapstore.snapshot(numbers, root=store, options=options)(2000).materialize()
+    faults = "error_rate=0.05,short_body=0.02"
+    args = ["--simulate-faults", faults, "--fault-seed", "7", "--epochs", "2", "--batch-size", "50"]
+    args += ["--window-bytes", "1KiB"]  # windows of a few blocks: hundreds of requests
+    code, out = run(store, "bench", snap.fingerprint, *args, "--json")
+    assert code == 0, out
+    data = json.loads(out)
+    assert data["results"]["samples"] == 2 * 2000
+    sim = data["simulated_faults"]
+    assert sim["settings"] == {"error_rate": 0.05, "short_body": 0.02} and sim["seed"] == 7
+    assert sim["met"].get("503", 0) > 0, sim
+    code, out = run(store, "bench", snap.fingerprint, *args)
+    assert code == 0 and "error_rate 0.05, short_body 0.02 (seed 7); met: " in out, out
+
+
+@pytest.mark.parametrize(
+    ("value", "message"),
+    [
+        ("error_rate", "expected NAME=VALUE pairs"),
+        ("typo_rate=0.1", "NAME one of error_rate, throttle_rate"),
+        ("error_rate=lots", "expected a number for error_rate, found 'lots'"),
+        ("error_rate=0.7,throttle_rate=0.5", "add up to 1.2"),
+        ("error_rate=-1", "error_rate must be a finite number >= 0"),
+    ],
+)
+def test_bench_bad_fault_settings(store: Store, value: str, message: str) -> None:
+    snap = snapstore.snapshot(numbers, root=store)(10).materialize()
+    code, out = run(store, "bench", snap.fingerprint, "--simulate-faults", value)
+    assert code == 2 and message in out, out
+
+
 @pytest.mark.parametrize(
     ("option", "value", "message"),
     [
