@@ -44,6 +44,7 @@ from .read.mixed import MixedBatchReader
 from .read.options import ReaderOptions, reader_options
 from .snapshot import Snapshot
 from .torch_accelerate import AccelerateSplit, accelerate_split
+from .torch_device import to_device
 from .torch_passes import PassCounter, hash_ints, pass_token
 from .torch_pool import allocate_pooled
 from .torch_ragged import (
@@ -57,7 +58,7 @@ from .torch_ragged import (
 )
 from .write.engines import usable_cores
 
-__all__ = ["RaggedList", "SnapshotDataset", "SnapshotIterableDataset", "to_tensors"]
+__all__ = ["RaggedList", "SnapshotDataset", "SnapshotIterableDataset", "to_device", "to_tensors"]
 
 STATE_VERSION = 1
 

@@ -30,7 +30,9 @@ unmaps a dead worker's segments as their last batches die (or, for a worker kill
 exiting, when another worker's new segment arrives).
 
 Each segment is mapped once in the main process for its whole life, so pinning it for the GPU
-(``cudaHostRegister`` of the mapping) could be done once per segment, not per batch.
+(``cudaHostRegister`` of the mapping) is done once per segment, not per batch: :func:`on_map`
+registers a hook that runs on every mapping (:func:`snapstore.torch_device.to_device` pins with
+it) and whose undo runs before the segment is unmapped.
 """
 
 from __future__ import annotations
@@ -45,7 +47,7 @@ import pickle
 import secrets
 import threading
 import weakref
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from multiprocessing.reduction import DupFd, ForkingPickler
 from typing import Any
 
@@ -66,6 +68,7 @@ __all__ = [
     "allocate_shared",
     "forget_exited",
     "layout",
+    "on_map",
     "received_segments",
     "shared_bytes",
 ]
@@ -371,11 +374,34 @@ class _Mapped:
         self.map = mmap.mmap(fd, _HEADER + capacity)
         self.header = np.frombuffer(self.map, np.int64, count=_HEADER // 8)
         self.pid = pid
+        for hook in _MAP_HOOKS:
+            self.run(hook)
+
+    def run(self, hook: MapHook) -> None:
+        undo = hook(self.header.ctypes.data, len(self.map))
+        if undo is not None:
+            # Runs as this object dies, while its map (which only it holds by then: each
+            # batch's finalizer keeps it alive) is still mapped; not at exit.
+            weakref.finalize(self, undo).atexit = False
 
 
+MapHook = Callable[[int, int], Callable[[], Any] | None]
+_MAP_HOOKS: list[MapHook] = []
 _RECEIVED: dict[tuple[int, int], _Mapped] = {}
 # Reentrant: a batch can die, and its finalizer run, inside a section that holds the lock.
 _RECEIVED_LOCK = threading.RLock()
+
+
+def on_map(hook: MapHook) -> None:
+    """Call ``hook(address, size)`` for each segment this process maps (and those it has mapped
+    already), once; what it returns, if not None, is called before the segment is unmapped.
+    A hook added twice runs once."""
+    with _RECEIVED_LOCK:
+        if hook in _MAP_HOOKS:
+            return
+        _MAP_HOOKS.append(hook)
+        for mapped in list(_RECEIVED.values()):
+            mapped.run(hook)
 
 
 def received_segments() -> int:

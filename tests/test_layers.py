@@ -48,6 +48,7 @@ LAYERS: dict[str, tuple[str, ...]] = {
         "torch_ragged",
         "torch_passes",
         "torch_accelerate",
+        "torch_device",
         "torch",
         "lightning",
         "grain",

@@ -419,7 +419,13 @@ MODULE_ALL = {
         "read_references",
     ],
     "handle": ["SnapshotHandle", "portable", "reopen"],
-    "torch": ["RaggedList", "SnapshotDataset", "SnapshotIterableDataset", "to_tensors"],
+    "torch": [
+        "RaggedList",
+        "SnapshotDataset",
+        "SnapshotIterableDataset",
+        "to_device",
+        "to_tensors",
+    ],
     "grain": ["SnapshotSource", "mixture_dataset"],
     "tensorflow": ["TFReader", "element_spec", "to_dataset"],
     "ray": [
