@@ -6,8 +6,11 @@ from __future__ import annotations
 
 import gc
 import os
+import subprocess
+import sys
 import weakref
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -340,3 +343,28 @@ def test_cuda_pool_segments_are_pinned(pool: SegmentPool) -> None:
     assert batch["x"].is_pinned()
     (moved,) = to_device([batch], "cuda")
     assert float(moved["x"][0, 0].cpu()) == 5.0
+
+
+BENCH = Path(__file__).resolve().parent.parent / "benchmarks" / "bench_gpu.py"
+
+
+def test_bench_gpu_cpu_smoke(tmp_path: Path) -> None:
+    cmd = [sys.executable, str(BENCH), "--cpu-smoke", "--tmp", str(tmp_path)]
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=600, cwd=BENCH.parent)
+    assert out.returncode == 0, out.stderr
+    rows = [line.split() for line in out.stdout.splitlines() if line.startswith(("img ", "tok "))]
+    paths = {" ".join(r[1:-5]) for r in rows if len(r) == 7 or len(r) == 8}
+    assert paths == {"on device", "memmap pin", "snap pin", "to_device"}, out.stdout
+    for workload in ("img", "tok"):
+        assert f"{workload}: input wait at 10 ms, to_device:" in out.stdout
+        assert f"{workload}: H2D flat out, to_device / pinned peak:" in out.stdout
+        assert (
+            f"{workload}: main-process CPU per batch at 10 ms, to_device / snap pin:" in out.stdout
+        )
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the run without CUDA")
+def test_bench_gpu_without_cuda_measures_nothing() -> None:
+    out = subprocess.run([sys.executable, str(BENCH)], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert "no CUDA device: nothing measured" in out.stdout
