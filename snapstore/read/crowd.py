@@ -2,13 +2,13 @@
 
 A bucket serves a limited number of requests per second (GCS about 5,000 reads/s when new, S3
 about 5,500 GETs/s per prefix); a job of 1,024 ranks of 8 workers that all start at once asks for
-far more. Pure rules here keep a crowd inside it: :func:`start_delay` spreads the ranks' first
-requests over up to two seconds; :func:`read_ahead_delay` holds each rank's reading past its
-first chunk until every rank has asked for its own, then lets them in over a second spread; a
-reader of a crowd starts with one request in flight and requests :data:`CROWD_LEVEL` times
-grown (:func:`crowd_start`); and :func:`host_requests` splits a
-host's request budget among the readers on it. They read the job's place from the launcher's
-environment (torchrun's ``RANK``, ``WORLD_SIZE`` and ``LOCAL_WORLD_SIZE``) when not given; a
+far more. Pure rules here keep a crowd inside it: :func:`start_delay` spreads the readers'
+first requests over up to two seconds; :func:`read_ahead_delay` holds each reader's reading
+past its first chunk until every reader has asked for its own, then lets them in over a second
+spread; a reader of a crowd starts with one request in flight and requests :data:`CROWD_LEVEL`
+times grown (:func:`crowd_start`); and :func:`host_requests` splits a host's request budget
+among the readers on it. :func:`place` reads the job's place from the launcher's environment
+(torchrun's ``RANK``, ``WORLD_SIZE`` and ``LOCAL_WORLD_SIZE``) and PyTorch's worker info; a
 single reader gets no delay and the whole budget.
 """
 
@@ -42,8 +42,9 @@ _GOLDEN_FRACTION = 0.6180339887498949
 # 32 MiB where blocks are adjacent): a host's link fills with a quarter of the requests, so a
 # crowd whose hosts read flat out asks the bucket for fewer than it serves (1,024 hosts at 1 Gb/s
 # need about 3,800 requests/s of 32 MiB, 15,000 of 8 MiB), and a first chunk is one request,
-# not four sent at once. (Plain requests for the first chunk only: 64% of 429s and a p99 first
-# batch of 8.9 s for 8,192 readers in the fleet simulation, against 12% and 2.6 s.)
+# not four sent at once. (Plain requests for the first chunk only, measured with a read-ahead
+# spread of twice the start spread: 64% of 429s and a p99 first batch of 8.9 s for 8,192 readers
+# in the fleet simulation, against 12% and 2.6 s.)
 CROWD_LEVEL = 2
 # Readers from which a job starts as a crowd (crowd_start): fewer, at their caps (32 requests
 # each on hosts of 8), ask a new bucket for less than its one-second burst of about 5,000.
