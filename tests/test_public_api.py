@@ -280,6 +280,7 @@ MODULE_ALL = {
         "RequestShape",
         "admits",
         "form_requests",
+        "reform_requests",
     ],
     "read.crowd": [
         "CROWD_LEVEL",

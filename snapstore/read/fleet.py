@@ -42,7 +42,14 @@ from ..format import layout as fmt
 from ..format.plan import EpochPlan, PlanOptions
 from ..storage.bucket import BucketLimits, TokenBucket
 from . import crowd
-from .requests import Concurrency, RangeRequest, RequestShape, admits, form_requests
+from .requests import (
+    Concurrency,
+    RangeRequest,
+    RequestShape,
+    admits,
+    form_requests,
+    reform_requests,
+)
 
 __all__ = ["FleetOptions", "FleetResult", "simulate_fleet", "synthetic_index"]
 
@@ -220,7 +227,7 @@ class _Reader:
         self.formed_level = self.concurrency.level
         self.shape = RequestShape(options.max_request_bytes)
         self.chunks: Iterator[np.ndarray[Any, Any]] = itertools.chain.from_iterable(
-            _epoch(plan, e, fleet.offsets).chunks() for e in itertools.count()
+            _epoch(plan, e).chunks() for e in itertools.count()
         )
         self.pending: list[RangeRequest] = []
         self.scheduled = 0  # chunks whose requests were formed
@@ -307,14 +314,12 @@ class _Reader:
         if level == self.formed_level:
             return
         self.formed_level = level
-        fleet, shape = self.fleet, self.shape.grown(level)
-        regrown: list[RangeRequest] = []
-        for chunk in sorted({r.chunk for r in self.pending}):
-            rest = [b for r in self.pending if r.chunk == chunk for b, _, _ in r.blocks]
-            formed = list(form_requests(rest, chunk, fleet.index, fleet.paths, shape))
-            before = sum(1 for r in self.pending if r.chunk == chunk)
-            self.chunk_requests[chunk] += len(formed) - before
-            regrown.extend(formed)
+        fleet = self.fleet
+        regrown = reform_requests(self.pending, fleet.index, fleet.paths, self.shape.grown(level))
+        for r in self.pending:
+            self.chunk_requests[r.chunk] -= 1
+        for r in regrown:
+            self.chunk_requests[r.chunk] += 1
         self.pending = regrown
 
     def _send(self, request: RangeRequest, attempt: int) -> None:
@@ -374,7 +379,7 @@ class _Reader:
         self.pump()
 
 
-def _epoch(plan: EpochPlan, epoch: int, offsets: np.ndarray[Any, Any]) -> EpochPlan:
+def _epoch(plan: EpochPlan, epoch: int) -> EpochPlan:
     """``plan`` for epoch ``epoch``: a run reads on past the end of an epoch."""
     return plan if epoch == plan.epoch else plan.for_epoch(epoch)
 

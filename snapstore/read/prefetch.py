@@ -49,7 +49,14 @@ from ..errors import FormatError, StoreError
 from ..format.layout import BLOCK_ALIGNMENT
 from ..oldpaths import historic_name
 from ..storage.retry import is_throttled
-from .requests import Concurrency, RangeRequest, RequestShape, admits, form_requests
+from .requests import (
+    Concurrency,
+    RangeRequest,
+    RequestShape,
+    admits,
+    form_requests,
+    reform_requests,
+)
 
 __all__ = [
     "Concurrency",
@@ -423,10 +430,9 @@ class Prefetcher:
                     if self.concurrency.level != level and sent < len(requests):
                         # Throttled meanwhile: the rest of the chunk in the grown requests.
                         level = self.concurrency.level
-                        rest = [b for r in requests[sent:] for b, _, _ in r.blocks]
                         shape = self._shape.grown(level)
-                        requests[sent:] = form_requests(
-                            rest, number, self._index, self._paths, shape
+                        requests[sent:] = reform_requests(
+                            requests[sent:], self._index, self._paths, shape
                         )
                 if self._on_requests is not None:
                     callback, self._on_requests = self._on_requests, None

@@ -27,6 +27,7 @@ __all__ = [
     "RequestShape",
     "admits",
     "form_requests",
+    "reform_requests",
 ]
 
 # Blocks this close are read in one request: the zero padding that aligns blocks, no more (a
@@ -257,6 +258,19 @@ def form_requests(
     for i, j, s in zip(bounds[:-1], bounds[1:], shard[starts].tolist()):
         o = ends[i] - placed[i][2]
         yield RangeRequest(paths[s], o, ends[j - 1] - o, placed[i:j], raw[i:j], chunk)
+
+
+def reform_requests(
+    requests: list[RangeRequest], index: np.ndarray[Any, Any], paths: list[str], shape: RequestShape
+) -> list[RangeRequest]:
+    """``requests`` not yet sent, formed again in ``shape`` (grown after a throttle), chunk by
+    chunk in chunk order: the same blocks in fewer, larger requests. Shared by the
+    :class:`Prefetcher` (the rest of a chunk) and the fleet simulator (its pending requests)."""
+    out: list[RangeRequest] = []
+    for chunk in sorted({r.chunk for r in requests}):
+        blocks = [b for r in requests if r.chunk == chunk for b, _, _ in r.blocks]
+        out.extend(form_requests(blocks, chunk, index, paths, shape))
+    return out
 
 
 def _request_starts(
