@@ -73,46 +73,23 @@ def test_a_limited_bucket_throttles_and_the_readers_go_on() -> None:
     assert np.isfinite(result.first_batch).all()
 
 
-def test_simulated_requests_are_the_prefetchers() -> None:
-    """The Prefetcher forms its requests with form_requests: the same plan gives the same
-    ranges in both (what the simulator relies on)."""
-    index, offsets, paths = synthetic_index(512, block_bytes=4096, rows=8, per_shard=64)
-    plan = EpochPlan(None, offsets=offsets, epoch=0, rank=1, world_size=3,
-                     options=PlanOptions(window_blocks=16))  # fmt: skip
-    seen: list[tuple[str, int, int]] = []
-
-    def fetch(path: str, start: int, length: int) -> bytes:
-        seen.append((path, start, length))
-        return bytes(length)
-
-    limits = PrefetchLimits(1 << 30, max_requests=1, initial_requests=1, max_request_bytes=16384)
-    prefetcher = Prefetcher(
-        plan.chunks(),
-        locate=lambda i: np.searchsorted(offsets, i, side="right") - 1,
-        index=index,
-        paths=paths,
-        fetch=fetch,
-        decode=lambda b, data: b,
-        limits=limits,
-    )
-    for _ in prefetcher:
-        pass
-    expected = []
-    shape = RequestShape(16384)
-    for number, chunk in enumerate(plan.chunks()):
-        blocks = np.unique(np.searchsorted(offsets, chunk, side="right") - 1)
-        order = [int(b) for b in blocks]
-        expected += [(r.path, r.start, r.length)
-                     for r in form_requests(order, number, index, paths, shape)]  # fmt: skip
-    assert sorted(seen) == sorted(expected)
-
-
 def _prefetch(
-    fetch: Any, limits: PrefetchLimits, window: int = 16
+    fetch: Any,
+    limits: PrefetchLimits,
+    window: int = 16,
+    *,
+    blocks: int = 256,
+    rank: int = 0,
+    world_size: int = 1,
+    shuffle: bool = False,
 ) -> tuple[Prefetcher, EpochPlan, Any]:
-    index, offsets, paths = synthetic_index(256, block_bytes=4096, rows=8, per_shard=64)
-    plan = EpochPlan(None, offsets=offsets, epoch=0, rank=0, world_size=1,
-                     options=PlanOptions(shuffle=False, window_blocks=window))  # fmt: skip
+    """A Prefetcher over a synthetic index of ``blocks`` blocks of 4 KiB (8 rows each, 64 a
+    shard), reading consumer ``rank`` of ``world_size``'s plan; ``(prefetcher, plan, index)``."""
+    index, offsets, paths = synthetic_index(blocks, block_bytes=4096, rows=8, per_shard=64)
+    options = PlanOptions(shuffle=shuffle, window_blocks=window)
+    plan = EpochPlan(
+        None, offsets=offsets, epoch=0, rank=rank, world_size=world_size, options=options
+    )
     prefetcher = Prefetcher(
         plan.chunks(),
         locate=lambda i: np.searchsorted(offsets, i, side="right") - 1,
@@ -123,6 +100,30 @@ def _prefetch(
         limits=limits,
     )
     return prefetcher, plan, index
+
+
+def test_simulated_requests_are_the_prefetchers() -> None:
+    """The Prefetcher forms its requests with form_requests: the same plan gives the same
+    ranges in both (what the simulator relies on)."""
+    seen: list[tuple[str, int, int]] = []
+
+    def fetch(path: str, start: int, length: int) -> bytes:
+        seen.append((path, start, length))
+        return bytes(length)
+
+    limits = PrefetchLimits(1 << 30, max_requests=1, initial_requests=1, max_request_bytes=16384)
+    prefetcher, plan, index = _prefetch(fetch, limits, blocks=512, rank=1, world_size=3)
+    for _ in prefetcher:
+        pass
+    _, offsets, paths = synthetic_index(512, block_bytes=4096, rows=8, per_shard=64)
+    expected = []
+    shape = RequestShape(16384)
+    for number, chunk in enumerate(plan.chunks()):
+        blocks = np.unique(np.searchsorted(offsets, chunk, side="right") - 1)
+        order = [int(b) for b in blocks]
+        expected += [(r.path, r.start, r.length)
+                     for r in form_requests(order, number, index, paths, shape)]  # fmt: skip
+    assert sorted(seen) == sorted(expected)
 
 
 def test_read_ahead_waits_for_its_delay_and_the_first_chunk_does_not() -> None:
