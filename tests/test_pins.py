@@ -87,6 +87,39 @@ def test_a_reader_that_starts_during_removal_keeps_the_snapshot(tmp_path: Path) 
     assert [s["x"] for s in reader[0]] == [i * i for i in range(20)]
 
 
+def test_a_pin_released_after_removal_saw_it_still_stops_the_removal(tmp_path: Path) -> None:
+    """The remover deletes the record, sees a reader's pin and puts the record back; the
+    reader closes at that moment. The removal still stops there: going on (because a second
+    look finds no pin) would remove the run's files under a record just put back, and a
+    reader opening then would find the snapshot damaged, not removed."""
+    store = LocalStore(tmp_path)
+    fp = committed(store)
+    commit = f"{fp}/COMMIT"
+    create_if_absent = store.create_if_absent
+    handle: list[pins.Pin | None] = []
+
+    def remove_tree(path: str) -> None:
+        LocalStore.remove_tree(store, path)
+        if path == commit and not handle:
+            handle.append(pins.pin(store, fp))  # a reader pins as the record goes
+
+    def restore(path: str, data: bytes) -> bool:
+        created = create_if_absent(path, data)
+        if path == commit and handle and handle[0] is not None:
+            handle[0].release()  # ...and closes as the record comes back
+            handle[0] = None
+        return created
+
+    store.remove_tree = remove_tree  # type: ignore[method-assign]
+    store.create_if_absent = restore  # type: ignore[method-assign]
+    with pytest.raises(BusyError, match="is in use by reader"):
+        remove_snapshot(store, fp)
+    assert handle == [None]
+    snap = snapstore.open(fp, root=store)
+    assert [s["x"] for s in snap] == [i * i for i in range(20)]
+    snap.close()
+
+
 def test_a_reader_whose_pin_comes_after_removal_looked_stops_with_a_clear_error(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -155,13 +188,6 @@ def test_a_reader_whose_pin_comes_before_removal_looked_keeps_the_snapshot(
     snap.close()
 
 
-@pytest.mark.xfail(
-    strict=False,
-    reason="known race, failing about 1 run in 4 on 2 cores since before 2026-11-27: a reader "
-    "opens and finds the commit record standing (put back for a pin) while remove_snapshot has "
-    "removed the run's files, and raises FormatError 'COMMIT names run ..., whose manifest is "
-    "missing' instead of SnapshotRemovedError; see the stop 33 note",
-)
 def test_removal_and_readers_racing_in_threads(tmp_path: Path) -> None:
     store = LocalStore(tmp_path)
     fp = committed(store, 200)

@@ -9,7 +9,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NoReturn
 
 from ..errors import AmbiguousFingerprintError, BusyError, FormatError, SnapshotNotFoundError
 from ..fingerprint.digest import Fingerprint
@@ -19,7 +19,7 @@ from ..oldpaths import historic_name
 from ..read.reader import load_manifest
 from ..storage.claims import inspect_claim
 from ..storage.listing import ListedStore, fingerprint_trees, map_concurrently, root_missing
-from ..storage.pins import last_read, list_pins, live_pins
+from ..storage.pins import PinInfo, last_read, list_pins, live_pins
 from ..storage.store import Store, StoreLike, as_store
 from ..write.partitions import PARTS_DIR, SHARED_DIR
 from .release import PartitionRelease, partitions_of, release_partitions, remove_listed
@@ -237,10 +237,12 @@ def remove_snapshot(
         store.remove_tree(commit)
     # Looked at again whether or not this remover found the record (another may have deleted
     # it a moment ago, and a reader pinned since).
-    if respect_pins and live_pins(store, fingerprint):
+    if respect_pins and (pinned := live_pins(store, fingerprint)):
         if record is not None:
             store.create_if_absent(commit, record)  # a reader started meanwhile: keep it
-        _refuse_if_pinned(store, fingerprint)
+        # Refused on what was just seen, not on a fresh look: a pin released since would let
+        # removal go on past a record just put back, and readers would find it without files.
+        _refuse(store, fingerprint, pinned)
     runs = remove_listed(store, fingerprint, listed)
     # A concurrent remover that saw a reader's pin may have put the record back while this one
     # removed what it listed: no record may outlive its files (its readers then stop with
@@ -285,13 +287,16 @@ def _remove_record_if_ours(
 
 
 def _refuse_if_pinned(store: Store, fingerprint: str) -> None:
-    pinned = live_pins(store, fingerprint)
-    if pinned:
-        raise BusyError(
-            f"snapshot {fingerprint} under {store.url} is in use by {pinned[0].describe()}"
-            + (f" and {len(pinned) - 1} more" if len(pinned) > 1 else "")
-            + "; it was not removed. Retry once they finish, or remove it with --force."
-        )
+    if pinned := live_pins(store, fingerprint):
+        _refuse(store, fingerprint, pinned)
+
+
+def _refuse(store: Store, fingerprint: str, pinned: list[PinInfo]) -> NoReturn:
+    raise BusyError(
+        f"snapshot {fingerprint} under {store.url} is in use by {pinned[0].describe()}"
+        + (f" and {len(pinned) - 1} more" if len(pinned) > 1 else "")
+        + "; it was not removed. Retry once they finish, or remove it with --force."
+    )
 
 
 def stored_fingerprint(store: Store, fingerprint: str) -> Fingerprint:
