@@ -104,7 +104,7 @@ def test_a_fresh_process_reads_from_the_gcs_emulator_at_once(gcs_server: Server,
     assert out.returncode == 0, out.stderr
     result = json.loads(out.stdout)
     assert result["total"] == sum(range(100))
-    assert result["fs"] == "gcsfs.core.GCSFileSystem"
+    assert result["fs"] == "snapstore.storage.gcs.GCSFileSystem"
     assert result["seconds"] < 20  # gcsfs' extended class would wait ~60 s on its gRPC probe
 
 

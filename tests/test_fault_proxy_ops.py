@@ -38,9 +38,7 @@ from snapstore.write.writer import WriteOptions
 # Small uncompressed shards and blocks: 300 samples make about 25 shards, so that each test
 # makes enough requests to meet faults at these rates.
 SMALL = WriteOptions(shard_bytes=4096, block_bytes=1024, block_min_rows=1, compression_level=0)
-# gcsfs sleeps 1-2 s before it retries a 503, 429 or reset (whatever Retry-After says), so the
-# GCS variants of cp, verify, rm and gc take 10 s each: ``-m slow`` runs them.
-STORES = [pytest.param("gcs", marks=pytest.mark.slow), "s3"]
+STORES = ["gcs", "s3"]
 
 
 def rows(n: int, offset: int = 0) -> Iterator[dict[str, Any]]:

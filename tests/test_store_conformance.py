@@ -309,11 +309,11 @@ def test_open_store_names_what_is_wrong() -> None:
 
 
 def test_gcs_with_an_endpoint_gets_the_core_filesystem(gcs_root: tuple[str, dict[str, Any]]):
-    import gcsfs.core
+    from snapstore.storage.gcs import GCSFileSystem
 
     url, options = gcs_root
     store = open_store(url, **options)
-    assert isinstance(store, FsspecStore) and type(store.fs) is gcsfs.core.GCSFileSystem
+    assert isinstance(store, FsspecStore) and type(store.fs) is GCSFileSystem
     assert store.url == url and store.atomic_create
 
 

@@ -234,8 +234,7 @@ class FsspecStore(Store):
         self.fs = fs
         self.root = root.rstrip("/")
         self.retry = retry if retry is not None else RetryPolicy()
-        self.throttles = 0
-        """429/503 answers seen (retried or not): the prefetcher's signal to slow down."""
+        self._throttles = 0
         self.budget = self.retry.new_budget()
         """The store's :class:`~snapstore.storage.retry.RetryBudget` (None: no budget)."""
         protocol = _protocol(fs)
@@ -252,6 +251,13 @@ class FsspecStore(Store):
         self._silence = Silence()
         # gcsfs and s3fs used directly: calls of the driver run on its event loop.
         self._on_loop = isinstance(fs, AsyncFileSystem) and not fs.asynchronous
+
+    @property
+    def throttles(self) -> int:
+        """429/503 answers seen (retried or not), those the driver retried itself included
+        where it counts them (:mod:`snapstore.storage.gcs`): the prefetcher's signal to slow
+        down."""
+        return self._throttles + int(getattr(self.fs, "throttles", 0))
 
     @property
     def endpoint(self) -> str:
@@ -287,7 +293,7 @@ class FsspecStore(Store):
                 kind = classify_failure(exc)
                 why: str | None = f"RetryPolicy.attempts is {self.retry.attempts}"
                 if kind == "transient" and is_throttled(exc):
-                    self.throttles += 1  # the prefetcher adapts to it (not exact across threads)
+                    self._throttles += 1  # the prefetcher adapts to it (not exact across threads)
                 if kind == "transient" and attempt < self.retry.attempts:
                     wait = self.retry.delay(attempt, exc)
                     why = self._may_retry(wait, deadline, exc)
@@ -501,12 +507,14 @@ class FsspecStore(Store):
         target = self._path(path)
         self._warn_if_unsafe()
         self._makedirs(path)
+        exists: FileExistsError | None = None
+        missing: FileNotFoundError | None = None
         for _ in range(self.retry.attempts):
             try:
                 self._call("commit", path, self._creator(target, data), write=True)
                 return True
-            except FileExistsError:
-                pass
+            except FileExistsError as exc:
+                exists = exc
             except StoreError as exc:
                 # Given up on transient failures: the last create may have happened with its
                 # answer lost. Read back what stands: our bytes are our commit, another's
@@ -517,13 +525,14 @@ class FsspecStore(Store):
                 return outcome
             try:
                 existing = self._call("read", path, _DriverCall(self.fs, "cat_file", target))
-            except FileNotFoundError:
+            except FileNotFoundError as exc:
+                missing = exc
                 continue  # removed since (snapstore rm): try again
             # A create whose response was lost and that was tried again (here or inside the
             # driver) finds its own file: it is ours if it holds our bytes. Records name their
             # writer (a run, a claim's owner), so no other writer's record is equal.
             return bytes(existing) == data
-        raise vanished_error(self.join(path))
+        raise vanished_error(self.join(path), exists, missing)
 
     def _after_lost_answer(
         self, path: str, target: str, data: bytes, exc: StoreError

@@ -434,9 +434,25 @@ class RetryPolicy:
         return None if self.budget is None else RetryBudget(self.budget, 1.0, self.refill)
 
 
-def vanished_error(url: str) -> StoreError:
-    """The error of a commit whose target vanished each time it was found to exist."""
+def vanished_error(url: str, exists: BaseException | None = None,
+                   missing: BaseException | None = None) -> StoreError:  # fmt: skip
+    """The error of a commit whose target vanished each time it was found to exist; the
+    last answers of the create (``exists``) and of the read (``missing``), when known."""
+    answers = ""
+    if exists is not None and missing is not None:
+        answers = f" (last, the create: {_chain(exists)}; the read: {_chain(missing)})"
     return StoreError(
-        f"cannot commit {url}: it vanished each time it was found to exist; check what else "
-        "removes files in this store"
+        f"cannot commit {url}: it vanished each time it was found to exist{answers}; check "
+        "what else removes files in this store"
     )
+
+
+def _chain(exc: BaseException) -> str:
+    """``exc`` and what it was raised from, for an error message."""
+    parts, seen = [], set()
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen and len(parts) < 4:
+        seen.add(id(current))
+        parts.append(f"{type(current).__name__}: {current}")
+        current = current.__cause__ or current.__context__
+    return " <- ".join(parts)

@@ -124,10 +124,10 @@ def open_store(
     policy = retry if retry is not None else RetryPolicy()
     try:
         options = client_options(protocol, storage_options, policy.timeout)
-        if protocol in ("gs", "gcs") and _gcs_endpoint(storage_options):
-            import gcsfs.core  # type: ignore[import-untyped]
+        if protocol in ("gs", "gcs"):
+            from .gcs import gcs_filesystem  # imports gcsfs
 
-            fs: Any = gcsfs.core.GCSFileSystem(**options)
+            fs: Any = gcs_filesystem(options, policy, extended=not _gcs_endpoint(storage_options))
             path = fs._strip_protocol(text)
         else:
             import fsspec
