@@ -449,7 +449,8 @@ def vanished_error(url: str, exists: BaseException | None = None,
 
 def _chain(exc: BaseException) -> str:
     """``exc`` and what it was raised from, for an error message."""
-    parts, seen = [], set()
+    parts: list[str] = []
+    seen: set[int] = set()
     current: BaseException | None = exc
     while current is not None and id(current) not in seen and len(parts) < 4:
         seen.add(id(current))
