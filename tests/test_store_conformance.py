@@ -308,6 +308,24 @@ def test_open_store_names_what_is_wrong() -> None:
         open_store("nosuchproto://x")
 
 
+def test_a_file_another_client_wrote_after_a_listing_is_found(
+    remote_root: tuple[str, dict[str, Any]],
+) -> None:
+    """s3fs' cat_file and info ask its listings cache first: a directory listed before another
+    client wrote a file there made the file "missing" to read_bytes, and a create that the
+    service refused as existing then found nothing to read, every try (a job's claim failed
+    with "it vanished each time it was found to exist")."""
+    url, options = remote_root
+    store = open_store(url, **options)
+    assert isinstance(store, FsspecStore)
+    store.write_bytes("d/a", b"a")
+    assert store.list_dir("d") == ["a"]
+    fs = type(store.fs)(skip_instance_cache=True, **store.fs.storage_options)
+    FsspecStore(fs, store.root).write_bytes("d/b", b"theirs")
+    assert store.create_if_absent("d/b", b"ours") is False
+    assert store.read_bytes("d/b") == b"theirs"
+
+
 def test_gcs_with_an_endpoint_gets_the_core_filesystem(gcs_root: tuple[str, dict[str, Any]]):
     from snapstore.storage.gcs import GCSFileSystem
 

@@ -213,7 +213,9 @@ class FsspecStore(Store):
     seconds waited); other failures raise :class:`StoreError` naming the URL (a missing file
     stays ``FileNotFoundError``).
     :meth:`open_write` spools locally and uploads whole on close, so an upload can be retried.
-    Listings are never served from fsspec's listings cache (other processes make it stale).
+    Listings are never served from fsspec's listings cache (other processes make it stale), and
+    reads never ask it whether a file exists (``open_store`` turns it off for GCS and S3; s3fs'
+    ``cat_file`` consults it otherwise).
     ``atomic_create`` says whether the protocol of the filesystem holding the data is in
     :data:`ATOMIC_CREATE_PROTOCOLS`.
 
@@ -415,7 +417,9 @@ class FsspecStore(Store):
     # -- reads ---------------------------------------------------------------------------------
 
     def read_bytes(self, path: str) -> bytes:
-        data = self._call("read", path, _DriverCall(self.fs, "cat_file", self._path(path)))
+        target = self._path(path)
+        self._forget(target)  # s3fs' cat_file asks its listings cache whether the file exists
+        data = self._call("read", path, _DriverCall(self.fs, "cat_file", target))
         return bytes(data)
 
     def read_range(self, path: str, start: int, length: int) -> Any:

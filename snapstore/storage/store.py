@@ -46,6 +46,7 @@ __all__ = [
 
 # Stores of modules beside this one that build on it, by protocol, as "module:function" imported
 # on first use (as fsspec's known_implementations), so that this module does not import them.
+_LISTING_CACHES = ("gs", "gcs", "s3", "s3a")  # drivers that keep fsspec's listings cache
 KNOWN_OPENERS = dict.fromkeys(("webhdfs", "swebhdfs"), "snapstore.storage.webhdfs:open_webhdfs")
 
 
@@ -124,6 +125,10 @@ def open_store(
     policy = retry if retry is not None else RetryPolicy()
     try:
         options = client_options(protocol, storage_options, policy.timeout)
+        if protocol.lower() in _LISTING_CACHES:
+            # A listing cached by the driver makes s3fs answer "no such file" for a file another
+            # process wrote since (its cat_file and info look there first): never cache one.
+            options.setdefault("use_listings_cache", False)
         if protocol in ("gs", "gcs"):
             from .gcs import gcs_filesystem  # imports gcsfs
 
