@@ -44,9 +44,9 @@ __all__ = [
     "open_store",
 ]
 
+_LISTING_CACHES = ("gs", "gcs", "s3", "s3a")  # drivers that keep fsspec's listings cache
 # Stores of modules beside this one that build on it, by protocol, as "module:function" imported
 # on first use (as fsspec's known_implementations), so that this module does not import them.
-_LISTING_CACHES = ("gs", "gcs", "s3", "s3a")  # drivers that keep fsspec's listings cache
 KNOWN_OPENERS = dict.fromkeys(("webhdfs", "swebhdfs"), "snapstore.storage.webhdfs:open_webhdfs")
 
 
