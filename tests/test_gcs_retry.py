@@ -49,10 +49,12 @@ def test_a_failed_request_is_retried_quickly_and_throttles_are_counted(
     waits = _waits(monkeypatch)
     before = store.throttles
     gcs_faulty.proxy.faults = ProxyFaults(seed=3, throttle_rate=0.5, retry_after=0.0)
-    for _ in range(6):
+    for _ in range(30):
         assert store.read_bytes("a") == b"hello"
     met = gcs_faulty.proxy.injected["429"]
-    assert met > 0 and len(waits) == met  # each 429 retried once, by snapstore
+    # Each 429 is retried by snapstore, after a wait: by the filesystem, unless it was a
+    # request's last try (then the store tries the read again, without this wait).
+    assert 0 < met - met // gcs.REQUEST_ATTEMPTS <= len(waits) <= met
     assert all(w <= 0.001 * gcs._GROWTH ** (gcs.REQUEST_ATTEMPTS - 1) for w in waits)
     assert store.throttles - before == met  # the prefetcher sees them
 

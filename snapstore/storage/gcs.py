@@ -13,8 +13,9 @@ run the undecorated request instead, retried here:
   left alone for seconds);
 - within a :class:`~snapstore.storage.retry.RetryBudget` of this filesystem's (one per process
   and set of options, as fsspec caches instances), so that readers do not retry in lockstep;
-- 429 and 503 answers counted in :attr:`throttles`, which the store adds to its own so that
-  the prefetcher slows down (gcsfs' retries hid them).
+- 429 and 503 answers retried here counted in :attr:`throttles`, which the store adds to its
+  own (the last, given to the store, it counts itself) so that the prefetcher slows down
+  (gcsfs' retries hid them).
 
 What is still failing after the last try goes to the store, which retries the whole operation
 under its policy (:meth:`~snapstore.storage.fsspec_store.FsspecStore._call`).
@@ -64,7 +65,7 @@ class _Retried:
         self.request_policy = snapstore_retry if snapstore_retry is not None else RetryPolicy()
         self.request_budget = self.request_policy.new_budget()
         self.throttles = 0
-        """429 and 503 answers met, retried or not (not exact across threads)."""
+        """429 and 503 answers retried here (the store counts those it is given)."""
 
     def request_wait(self, attempt: int) -> float:
         """Seconds before try ``attempt + 1`` (``attempt`` >= 1 tries failed)."""
@@ -81,10 +82,10 @@ class _Retried:
                         f"bucket of {path} is requester pays: open the store with "
                         "requester_pays=True (a storage option) to be billed for its requests"
                     ) from exc
+                if not self._retry(exc, attempt):
+                    raise  # the store counts it, if a throttle, and may try again
                 if is_throttled(exc):
                     self.throttles += 1
-                if not self._retry(exc, attempt):
-                    raise
                 wait = self.request_wait(attempt)
                 log.debug("snapstore: %s %s failed (%r); try %d in %.3f s", method, path, exc,
                           attempt + 1, wait)  # fmt: skip
