@@ -523,24 +523,22 @@ class FsspecStore(Store):
                 # Given up on transient failures: the last create may have happened with its
                 # answer lost. Read back what stands: our bytes are our commit, another's
                 # record a race lost; none, the failure it was.
-                outcome = self._after_lost_answer(path, target, data, exc)
+                outcome = self._after_lost_answer(path, data, exc)
                 if outcome is None:
                     raise
                 return outcome
             try:
-                existing = self._call("read", path, _DriverCall(self.fs, "cat_file", target))
+                existing = self.read_bytes(path)
             except FileNotFoundError as exc:
                 missing = exc
                 continue  # removed since (snapstore rm): try again
             # A create whose response was lost and that was tried again (here or inside the
             # driver) finds its own file: it is ours if it holds our bytes. Records name their
             # writer (a run, a claim's owner), so no other writer's record is equal.
-            return bytes(existing) == data
+            return existing == data
         raise vanished_error(self.join(path), exists, missing)
 
-    def _after_lost_answer(
-        self, path: str, target: str, data: bytes, exc: StoreError
-    ) -> bool | None:
+    def _after_lost_answer(self, path: str, data: bytes, exc: StoreError) -> bool | None:
         """After a create that gave up on transient failures (``exc``): True if the record
         holds ``data`` (ours, its answer lost), False if it holds another writer's record,
         None if there is none, or it cannot be read, or ``exc`` was no transient failure."""
@@ -550,10 +548,10 @@ class FsspecStore(Store):
         if not transient:
             return None
         try:
-            existing = self._call("read", path, _DriverCall(self.fs, "cat_file", target))
+            existing = self.read_bytes(path)
         except (FileNotFoundError, StoreError):
             return None
-        ours = bytes(existing) == data
+        ours = existing == data
         if ours:
             log.info("snapstore: %s: a create whose answer was lost had committed", self.join(path))
         return ours
