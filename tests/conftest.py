@@ -27,6 +27,20 @@ def store(request: pytest.FixtureRequest, tmp_path) -> Iterator[Store]:
 
 
 @pytest.fixture
+def pool(monkeypatch: pytest.MonkeyPatch) -> Any:
+    """A torch_pool SegmentPool made this process's, as allocate_pooled makes one in a
+    DataLoader worker; this process then receives its own batches (through ForkingPickler, as
+    a DataLoader queue does: tests/test_torch_pool.py's ``send``). Imports torch when used."""
+    import os
+
+    from snapstore import torch_pool
+
+    made = torch_pool.SegmentPool(3)
+    monkeypatch.setattr(torch_pool, "_POOL", (os.getpid(), made))
+    return made
+
+
+@pytest.fixture
 def local_root(tmp_path, monkeypatch) -> str:
     """A local root, also exported as SNAPSTORE_ROOT so nothing touches the user's cache."""
     root = str(tmp_path / "root")

@@ -5,7 +5,6 @@ pinning hook of the pool's segments, and (where a GPU is present) real streams a
 from __future__ import annotations
 
 import gc
-import os
 import subprocess
 import sys
 import weakref
@@ -18,7 +17,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from multiprocessing.reduction import ForkingPickler  # noqa: E402
+from test_torch_pool import send  # noqa: E402
 
 import snapstore  # noqa: E402
 from snapstore import torch_pool  # noqa: E402
@@ -213,19 +212,6 @@ def test_packed_nested_and_other_values() -> None:
     assert moved["jagged"].is_nested
     (through,) = DeviceLoader([batch], transfer, 2)
     assert through.keys() == batch.keys()
-
-
-@pytest.fixture
-def pool(monkeypatch: pytest.MonkeyPatch) -> SegmentPool:
-    """A pool made this process's; this process receives its own batches (as in
-    tests/test_torch_pool.py)."""
-    made = SegmentPool(3)
-    monkeypatch.setattr(torch_pool, "_POOL", (os.getpid(), made))
-    return made
-
-
-def send(batch: Any) -> Any:
-    return ForkingPickler.loads(ForkingPickler.dumps(batch))
 
 
 def pooled_batch(pool: SegmentPool, fill: int) -> dict[str, Any]:

@@ -57,15 +57,6 @@ def snap(tmp_path_factory: pytest.TempPathFactory) -> snapstore.Snapshot:
     return snapstore.snapshot(stage, root=root, options=options)(N).materialize()
 
 
-@pytest.fixture
-def pool(monkeypatch: pytest.MonkeyPatch) -> SegmentPool:
-    """A pool made this process's, as allocate_pooled makes one in a worker; this process
-    receives its own batches (through ForkingPickler, as a DataLoader queue does)."""
-    made = SegmentPool(3)
-    monkeypatch.setattr(torch_pool, "_POOL", (os.getpid(), made))
-    return made
-
-
 def send(batch: Any) -> Any:
     return ForkingPickler.loads(ForkingPickler.dumps(batch))
 
