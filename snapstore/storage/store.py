@@ -124,20 +124,7 @@ def open_store(
         )
     policy = retry if retry is not None else RetryPolicy()
     try:
-        options = client_options(protocol, storage_options, policy.timeout)
-        if protocol.lower() in _LISTING_CACHES:
-            # A listing cached by the driver makes s3fs answer "no such file" for a file another
-            # process wrote since (its cat_file and info look there first): never cache one.
-            options.setdefault("use_listings_cache", False)
-        if protocol in ("gs", "gcs"):
-            from .gcs import gcs_filesystem  # imports gcsfs
-
-            fs: Any = gcs_filesystem(options, policy, extended=not _gcs_endpoint(storage_options))
-            path = fs._strip_protocol(text)
-        else:
-            import fsspec
-
-            fs, path = fsspec.core.url_to_fs(text, **options)
+        fs, path = _filesystem(text, protocol, storage_options, policy)
     except ImportError as exc:
         extra = _EXTRAS.get(protocol)
         install = (
@@ -153,6 +140,27 @@ def open_store(
     store = FsspecStore(fs, path, retry=policy)
     store.url = text.rstrip("/")  # as given, host included (webhdfs://namenode:9870/snaps)
     return store
+
+
+def _filesystem(
+    text: str, protocol: str, storage_options: dict[str, Any], policy: RetryPolicy
+) -> tuple[Any, str]:
+    """The fsspec filesystem for URL ``text`` and the path in it, its client's timeouts set
+    from ``policy``; GCS's with snapstore's request retries (:mod:`snapstore.storage.gcs`)."""
+    options = client_options(protocol, storage_options, policy.timeout)
+    if protocol.lower() in _LISTING_CACHES:
+        # A listing cached by the driver makes s3fs answer "no such file" for a file another
+        # process wrote since (its cat_file and info look there first): never cache one.
+        options.setdefault("use_listings_cache", False)
+    if protocol in ("gs", "gcs"):
+        from .gcs import gcs_filesystem  # imports gcsfs
+
+        fs = gcs_filesystem(options, policy, extended=not _gcs_endpoint(storage_options))
+        return fs, fs._strip_protocol(text)
+    import fsspec
+
+    found: tuple[Any, str] = fsspec.core.url_to_fs(text, **options)
+    return found
 
 
 def as_store(root: StoreLike, name: str = "store") -> Store:
